@@ -1,0 +1,19 @@
+# Two entry points for a fresh machine: `make demo` (set up, then run the main job on embedded
+# defaults) and `make test` (set up, then run the test suite). Setup is idempotent.
+PYTHON := .venv/bin/python
+VLMR := .venv/bin/vlmr
+
+.PHONY: setup demo test lint
+setup: .venv/.setup-done
+.venv/.setup-done: pyproject.toml scripts/setup.sh
+	bash scripts/setup.sh
+	touch $@
+
+demo: setup
+	MUJOCO_GL=egl $(VLMR) demo
+
+test: setup
+	MUJOCO_GL=egl $(PYTHON) -m pytest -n 2 -q
+
+lint: setup
+	.venv/bin/ruff check .

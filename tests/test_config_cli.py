@@ -1,0 +1,87 @@
+import json
+
+import numpy as np
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from vlm_rewards.cli import app
+from vlm_rewards.config import apply_overrides, load_job_config
+from vlm_rewards.demo import DemoConfig
+
+runner = CliRunner()
+
+
+def test_overrides_set_nested_keys_and_parse_yaml_values():
+    data = {"train": {"lr": 1e-3, "steps": 10}, "name": "x"}
+    result = apply_overrides(data, ["train.lr=3e-4", "train.tags=[a, b]", "eval.every=5", "name="])
+    assert result == {"train": {"lr": 3e-4, "steps": 10, "tags": ["a", "b"]}, "eval": {"every": 5}, "name": ""}
+    assert data["train"]["lr"] == 1e-3  # the input is not modified
+
+
+@pytest.mark.parametrize(
+    "override, message", [("train.lr", "expected dotted.key=value"), ("name.x=1", "'name' is a value")]
+)
+def test_bad_overrides(override, message):
+    with pytest.raises(ValueError, match=message):
+        apply_overrides({"name": "x"}, [override])
+
+
+def test_job_config_errors_name_the_file_and_key(tmp_path):
+    path = tmp_path / "demo.yaml"
+    path.write_text("clips_per_policy: many\nseeed: 1\n")
+    with pytest.raises(ValueError, match=r"demo.yaml: clips_per_policy: Input should be a valid integer.*seeed: Extra"):
+        load_job_config(DemoConfig, path)
+
+
+def test_shipped_demo_config_equals_the_embedded_defaults():
+    assert load_job_config(DemoConfig, "configs/demo.yaml") == DemoConfig()
+
+
+def test_help_lists_the_jobs():
+    result = runner.invoke(app, ["--help"])
+    assert result.exit_code == 0
+    for job in ("demo", "score", "rewards"):
+        assert job in result.output
+
+
+def test_demo_job_from_the_cli(tmp_path):
+    result = runner.invoke(
+        app, ["demo", "configs/demo.yaml", "clips_per_policy=2", "num_frames=4", f"output_dir={tmp_path}"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "expert" in result.output and (tmp_path / "rewards_by_policy.png").stat().st_size > 1000
+
+
+def test_cli_bad_config_exits_with_a_message():
+    result = runner.invoke(app, ["demo", "clips_per_policy=-x"])
+    assert result.exit_code == 2 and "clips_per_policy" in result.output
+
+
+def test_score_with_a_composite_from_the_cli(tmp_path, world):
+    episode = world.rollout(np.random.default_rng(0), 6, "expert")
+    np.savez(tmp_path / "clip.npz", frames=episode.frames)
+    np.savez(tmp_path / "goal.npz", frames=episode.goal_frame)
+    reward = tmp_path / "reward.yaml"
+    reward.write_text(yaml.safe_dump({"kind": "composite", "components": [{"reward": "goal_pixel_progress"}]}))
+    result = runner.invoke(
+        app,
+        [
+            "score",
+            str(reward),
+            str(tmp_path / "clip.npz"),
+            "--text",
+            episode.instruction,
+            "--reference",
+            str(tmp_path / "goal.npz"),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    line = json.loads(result.output.strip().splitlines()[-1])
+    assert line["reward"] == pytest.approx(line["aux"]["goal_pixel_progress"]) and line["reward"] > 0.3
+
+
+def test_score_reports_bad_input(tmp_path):
+    np.savez(tmp_path / "clip.npz", frames=np.zeros((2, 8, 8, 3), np.float32))
+    result = runner.invoke(app, ["score", "motion_penalty", str(tmp_path / "clip.npz"), "--text", "t"])
+    assert result.exit_code == 2 and "expected dtype uint8" in result.output

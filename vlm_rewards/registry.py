@@ -1,0 +1,112 @@
+"""Build any reward model from a YAML file (`kind: ...` plus that kind's parameters).
+
+Each reward class declares a pydantic `Params` model and a `from_params` constructor, and registers
+under a kind name. Built-in kinds are listed lazily so that `import vlm_rewards` stays light and the
+heavy VLM modules load only when a config asks for them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pydantic
+import yaml
+
+from vlm_rewards.interface import RewardModel
+
+REWARDS_DIR = Path(__file__).resolve().parent.parent / "configs" / "rewards"
+
+_BUILTIN_KINDS = {
+    "function": "vlm_rewards.rewards.function:FunctionReward",
+    "goal_pixel_progress": "vlm_rewards.rewards.rules:GoalPixelProgress",
+    "motion_penalty": "vlm_rewards.rewards.rules:MotionPenalty",
+    "composite": "vlm_rewards.rewards.composite:CompositeReward",
+}
+_registered: dict[str, type] = {}
+
+T = TypeVar("T", bound=type)
+
+
+def register(kind: str) -> Callable[[T], T]:
+    """Class decorator: make `kind: <kind>` in a reward YAML build this class."""
+
+    def decorator(cls: T) -> T:
+        for attribute in ("Params", "from_params"):
+            if not hasattr(cls, attribute):
+                raise TypeError(f"reward class {cls.__name__} needs a `{attribute}` to be registered")
+        _registered[kind] = cls
+        return cls
+
+    return decorator
+
+
+def register_builtin(kind: str, target: str) -> None:
+    """Name a reward class by import path ("module:Class"); it is imported on first use."""
+    _BUILTIN_KINDS[kind] = target
+
+
+def known_kinds() -> list[str]:
+    return sorted(set(_BUILTIN_KINDS) | set(_registered))
+
+
+def reward_class(kind: str) -> type:
+    if kind not in _registered:
+        if kind not in _BUILTIN_KINDS:
+            raise ValueError(f"unknown reward kind {kind!r}; known kinds: {', '.join(known_kinds())}")
+        module_name, class_name = _BUILTIN_KINDS[kind].split(":")
+        importlib.import_module(module_name)  # registers the class via @register
+        if kind not in _registered:
+            raise RuntimeError(f"{module_name} did not register reward kind {kind!r} ({class_name})")
+    return _registered[kind]
+
+
+def resolve_reward_path(path: str | Path) -> Path:
+    """A reward config path as given, or a bare name looked up in configs/rewards/."""
+    candidate = Path(path)
+    if candidate.exists():
+        return candidate
+    shipped = REWARDS_DIR / (candidate.name if candidate.suffix else f"{candidate}.yaml")
+    if shipped.exists():
+        return shipped
+    raise ValueError(f"reward config {str(path)!r} not found (looked here and in {REWARDS_DIR})")
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    with open(path) as handle:
+        loaded = yaml.safe_load(handle)
+    if not isinstance(loaded, dict):
+        raise ValueError(f"{path}: expected a YAML mapping at the top level, got {type(loaded).__name__}")
+    return loaded
+
+
+def build_reward(config: str | Path | Mapping[str, Any]) -> RewardModel:
+    """Build a reward from a YAML path, a name in configs/rewards/, or an already-loaded mapping."""
+    if isinstance(config, str | Path):
+        path = resolve_reward_path(config)
+        return _build_from_mapping(load_yaml(path), origin=str(path))
+    return _build_from_mapping(config, origin="reward config")
+
+
+def _build_from_mapping(config: Mapping[str, Any], origin: str) -> RewardModel:
+    if not isinstance(config, Mapping):
+        raise ValueError(f"{origin}: expected a mapping with a `kind` key, got {type(config).__name__}")
+    if "kind" not in config:
+        raise ValueError(f"{origin}: missing `kind`; known kinds: {', '.join(known_kinds())}")
+    params = {key: value for key, value in config.items() if key != "kind"}
+    cls = reward_class(str(config["kind"]))
+    try:
+        validated = cls.Params.model_validate(params)
+    except pydantic.ValidationError as error:
+        raise ValueError(f"{origin} (kind {config['kind']!r}): {format_validation_error(error)}") from None
+    return cls.from_params(validated)
+
+
+def format_validation_error(error: pydantic.ValidationError) -> str:
+    problems = []
+    for item in error.errors():
+        location = ".".join(str(part) for part in item["loc"]) or "<root>"
+        problems.append(f"{location}: {item['msg']}")
+    return "; ".join(problems)

@@ -13,7 +13,7 @@ demo: setup
 	MUJOCO_GL=egl $(VLMR) demo
 
 test: setup
-	MUJOCO_GL=egl $(PYTHON) -m pytest -n 2 -q
+	MUJOCO_GL=egl HF_HUB_OFFLINE=1 $(PYTHON) -m pytest -n 2 -q
 
 lint: setup
 	.venv/bin/ruff check .

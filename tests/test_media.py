@@ -30,4 +30,4 @@ def test_bad_clip_files(tmp_path):
         (tmp_path / "a.txt").write_text("x")
         read_clip(tmp_path / "a.txt")
     with pytest.raises(ValueError, match="needs even height and width"):
-        write_video(tmp_path / "odd.mp4", np.zeros((2, 5, 6, 3), np.uint8))
+        write_video(tmp_path / "odd.mp4", np.zeros((2, 5, 6, 3), np.uint8), pix_fmt="yuv420p")

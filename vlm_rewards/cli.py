@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -11,7 +12,7 @@ import numpy as np
 import typer
 from rich.console import Console
 
-from vlm_rewards.config import dump_config, load_job_config
+from vlm_rewards.config import JobConfig, dump_config, load_job_config
 
 app = typer.Typer(
     help="vlm-rewards: VLM progress and preference reward models behind one reward interface.",
@@ -34,13 +35,21 @@ def split_job_args(args: list[str] | None) -> tuple[Path | None, list[str]]:
     return None, args
 
 
-def run_job(job: Callable[[], object]) -> None:
-    """Run a job; a bad config or bad input ends with its message and exit code 2, not a traceback."""
+@contextmanager
+def clean_errors() -> Iterator[None]:
+    """A bad config or bad input ends the job with its message and exit code 2, not a traceback."""
     try:
-        job()
+        yield
     except ValueError as error:
         console.print(f"[bold red]error:[/] {error}")
         raise typer.Exit(code=2) from None
+
+
+def run_config_job(config_model: type[JobConfig], run: Callable[[JobConfig, Console], object], args) -> None:
+    with clean_errors():
+        config = load_job_config(config_model, *split_job_args(args))
+        console.print(dump_config(config))
+        run(config, console)
 
 
 @app.command()
@@ -48,12 +57,24 @@ def demo(args: JobArgs = None) -> None:
     """Score synthetic clips of four policies with a configured reward; print a table and save a plot."""
     from vlm_rewards.demo import DemoConfig, run_demo
 
-    def job() -> None:
-        config = load_job_config(DemoConfig, *split_job_args(args))
-        console.print(dump_config(config))
-        run_demo(config, console)
+    run_config_job(DemoConfig, run_demo, args)
 
-    run_job(job)
+
+@app.command("train-rm")
+def train_rm(args: JobArgs = None) -> None:
+    """Train a progress or preference reward model (tiny from scratch by default; LoRA/bf16/accelerate)."""
+    from vlm_rewards.training.config import TrainRMConfig
+    from vlm_rewards.training.train import run_training
+
+    run_config_job(TrainRMConfig, run_training, args)
+
+
+@app.command("eval-rm")
+def eval_rm(args: JobArgs = None) -> None:
+    """Evaluate any reward: VOC (expert, reversed, random), success AUC, instruction use, pair accuracy."""
+    from vlm_rewards.evaluation.evaluate import EvalRMConfig, run_eval
+
+    run_config_job(EvalRMConfig, run_eval, args)
 
 
 @app.command()
@@ -68,7 +89,7 @@ def score(
     from vlm_rewards.media import read_clip
     from vlm_rewards.registry import build_reward
 
-    def job() -> None:
+    with clean_errors():
         model = build_reward(reward)
         goal = read_clip(reference) if reference else None
         requests = [RewardRequest(read_clip(path), text, reference=goal) for path in clips]
@@ -76,8 +97,6 @@ def score(
             progress = None if result.progress is None else np.round(result.progress, 4).tolist()
             aux = {key: value for key, value in result.aux.items() if isinstance(value, int | float | str)}
             print(json.dumps({"clip": str(path), "reward": result.reward, "progress": progress, "aux": aux}))
-
-    run_job(job)
 
 
 @app.command()

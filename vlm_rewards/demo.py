@@ -14,6 +14,7 @@ from rich.table import Table
 
 from vlm_rewards.config import JobConfig
 from vlm_rewards.data.synthetic import Policy, ShapesWorld
+from vlm_rewards.evaluation.plots import plot_reward_distributions
 from vlm_rewards.interface import RewardModel, RewardRequest, RewardResult, SampleKey
 from vlm_rewards.registry import build_reward
 
@@ -49,7 +50,9 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> dict[str, li
     results = {policy: reward.score(batch) for policy, batch in synthetic_requests(config).items()}
     console.print(summary_table(results))
     config.output_dir.mkdir(parents=True, exist_ok=True)
-    plot_path = plot_rewards(results, config.output_dir / "rewards_by_policy.png", reward.spec.name)
+    plot_path = plot_rewards(
+        results, config.output_dir / "rewards_by_policy.png", f"{reward.spec.name}: reward per policy"
+    )
     console.print(f"plot: {plot_path}")
     return results
 
@@ -67,22 +70,5 @@ def summary_table(results: dict[str, list[RewardResult]]) -> Table:
 
 
 def plot_rewards(results: dict[str, list[RewardResult]], path: Path, title: str) -> Path:
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(6, 3.5))
-    axis.boxplot([[r.reward for r in rs] for rs in results.values()], tick_labels=list(results))
-    axis.set_ylabel("reward")
-    axis.set_title(f"{title}: reward per policy")
-    return save_figure(figure, path)
-
-
-def save_figure(figure, path: Path) -> Path:
-    import os
-
-    import matplotlib.pyplot as plt
-
-    tmp = path.with_suffix(".tmp.png")
-    figure.savefig(tmp, dpi=120, bbox_inches="tight")
-    plt.close(figure)
-    os.replace(tmp, path)
+    plot_reward_distributions(path, {policy: [r.reward for r in rs] for policy, rs in results.items()}, title)
     return path

@@ -42,14 +42,20 @@ def read_video(path: str | Path) -> np.ndarray:
     return np.stack(frames)
 
 
-def write_video(path: str | Path, frames: np.ndarray, fps: int = 10, crf: int = 18) -> None:
-    """Encode (T, H, W, 3) uint8 frames as H.264 in yuv420p (lossy; needs even height and width)."""
+def write_video(
+    path: str | Path, frames: np.ndarray, fps: int = 10, crf: int = 18, pix_fmt: str = "yuv444p"
+) -> None:
+    """Encode (T, H, W, 3) uint8 frames as H.264 (lossy).
+
+    yuv444p keeps full colour resolution, which small coloured objects need; yuv420p plays everywhere
+    but needs even height and width.
+    """
     height, width = frames.shape[1:3]
-    if height % 2 or width % 2:
+    if pix_fmt == "yuv420p" and (height % 2 or width % 2):
         raise ValueError(f"{path}: frames of {height}x{width}; H.264 in yuv420p needs even height and width")
     with av.open(str(path), mode="w", format="mp4") as container:
         stream = container.add_stream("libx264", rate=fps, options={"crf": str(crf)})
-        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        stream.width, stream.height, stream.pix_fmt = width, height, pix_fmt
         for frame in frames:
             container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
         container.mux(stream.encode())

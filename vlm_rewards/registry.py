@@ -24,6 +24,7 @@ _BUILTIN_KINDS = {
     "goal_pixel_progress": "vlm_rewards.rewards.rules:GoalPixelProgress",
     "motion_penalty": "vlm_rewards.rewards.rules:MotionPenalty",
     "composite": "vlm_rewards.rewards.composite:CompositeReward",
+    "clip_goal": "vlm_rewards.models.embedding:ClipGoalReward",
 }
 _registered: dict[str, type] = {}
 

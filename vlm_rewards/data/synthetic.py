@@ -30,7 +30,6 @@ GOALS: dict[str, tuple[float, float]] = {
     "bottom right": (0.8, 0.8),
     "center": (0.5, 0.5),
 }
-VERBS = ("move", "push", "slide")
 Policy = Literal["expert", "random", "wrong_object", "wrong_goal"]
 SUCCESS_DISTANCE = 0.08
 
@@ -74,12 +73,12 @@ class ShapesWorld:
     def sample_task(self, rng: np.random.Generator, scene: list[SceneObject]) -> Task:
         target = int(rng.integers(len(scene)))
         goal = str(rng.choice(list(GOALS)))
-        return Task(target, goal, self.instruction(scene[target], goal, rng))
+        return Task(target, goal, self.instruction(scene[target], goal))
 
     @staticmethod
-    def instruction(obj: SceneObject, goal: str, rng: np.random.Generator) -> str:
-        verb = str(rng.choice(VERBS))
-        return f"{verb} the {obj.color} {obj.shape} to the {goal}"
+    def instruction(obj: SceneObject, goal: str) -> str:
+        """One wording per task, so that two instructions differ exactly when their tasks do."""
+        return f"move the {obj.color} {obj.shape} to the {goal}"
 
     def sample_positions(self, rng: np.random.Generator, task: Task) -> np.ndarray:
         """Start positions (N, 2) in [0, 1]²: objects apart, the named one far from its goal."""

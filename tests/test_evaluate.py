@@ -1,0 +1,48 @@
+import json
+
+import numpy as np
+import pytest
+
+from vlm_rewards.evaluation.evaluate import EvalRMConfig, SyntheticEvalData, frame_pair_accuracy, run_eval
+from vlm_rewards.interface import RewardRequest, RewardResult
+
+
+def clock(request: RewardRequest) -> RewardResult:
+    """Progress = elapsed time: blind to what happens in the frames."""
+    progress = np.linspace(0, 1, request.num_frames)
+    return RewardResult(reward=float(progress[-1]), progress=progress)
+
+
+def small_eval(tmp_path, reward, **overrides) -> EvalRMConfig:
+    synthetic = SyntheticEvalData(num_episodes=24, num_pairs=16, num_frames=8, seed=7)
+    return EvalRMConfig(reward=reward, synthetic=synthetic, output_dir=tmp_path, **overrides)
+
+
+def test_pixel_baseline_tracks_progress_but_ignores_language(tmp_path):
+    metrics = run_eval(small_eval(tmp_path, "goal_pixel_progress"))
+    assert metrics["voc_expert"] > 0.6 and metrics["voc_reversed"] < 0
+    assert metrics["success_auc"] > 0.8
+    assert metrics["mismatch_accuracy"] == 0.0  # the goal image, not the instruction, drives it
+    assert json.loads((tmp_path / "metrics.json").read_text())["voc_expert"] == metrics["voc_expert"]
+    assert (tmp_path / "progress_curves.png").stat().st_size > 1000
+
+
+def test_a_clock_is_caught_by_reversed_clips(tmp_path):
+    reward = {"kind": "function", "function": "tests.test_evaluate:clock", "output": "progress"}
+    metrics = run_eval(small_eval(tmp_path, reward, evaluate_pairs=True))
+    assert metrics["voc_expert"] == pytest.approx(1.0)
+    assert metrics["voc_reversed"] == pytest.approx(1.0)  # a real progress model must go negative here
+    assert metrics["voc_random"] == pytest.approx(1.0)
+    assert metrics["pair_accuracy"] == 0.5  # single images: every pair is a tie
+
+
+def test_frame_pair_accuracy():
+    label = np.array([0.0, 0.5, 1.0])
+    assert frame_pair_accuracy([label], [label]) == 1.0
+    assert frame_pair_accuracy([label[::-1]], [label]) == 0.0
+    assert frame_pair_accuracy([np.zeros(3)], [label]) == 0.5
+
+
+def test_progress_metrics_need_progress(tmp_path):
+    with pytest.raises(ValueError, match="motion_penalty returns no per-frame progress"):
+        run_eval(small_eval(tmp_path, "motion_penalty"))

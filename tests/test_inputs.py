@@ -1,0 +1,147 @@
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from vlm_rewards.interface import RewardRequest
+from vlm_rewards.models.backbones import FAMILIES, build_tiny_backbone, load_backbone
+from vlm_rewards.models.inputs import ClipInputBuilder
+from vlm_rewards.models.tokenizer import default_corpus, train_tokenizer
+
+RNG = np.random.default_rng(0)
+SHORT_CLIP = RNG.integers(0, 255, (3, 56, 56, 3), dtype=np.uint8)
+LONG_CLIP = RNG.integers(0, 255, (5, 56, 56, 3), dtype=np.uint8)
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny_backbones")
+    tokenizer = train_tokenizer(default_corpus())
+    return {family: build_tiny_backbone(family, root / family, tokenizer=tokenizer) for family in FAMILIES}
+
+
+@pytest.fixture(scope="session")
+def backbones(tiny_dirs):
+    return {family: load_backbone(folder) for family, folder in tiny_dirs.items()}
+
+
+def token_id(processor, token):
+    return processor.tokenizer.convert_tokens_to_ids(token)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_batch_of_clips_with_different_lengths(backbones, family):
+    model, processor = backbones[family]
+    builder = ClipInputBuilder(processor)
+    samples = [
+        RewardRequest(SHORT_CLIP, "move the red circle to the top left"),
+        ("push the blue square to the center", LONG_CLIP),
+    ]
+    batch = builder.build(samples)
+    inputs = batch.model_inputs
+    assert set(inputs) == {"input_ids", "attention_mask", "mm_token_type_ids", "pixel_values", "image_grid_thw"}
+    assert inputs["image_grid_thw"].shape == (8, 3) and torch.all(inputs["image_grid_thw"][:, 0] == 1)
+    torch.testing.assert_close(inputs["mm_token_type_ids"], (inputs["input_ids"] == model.config.image_token_id).long())
+    assert batch.frame_mask.tolist() == [[True] * 3 + [False] * 2, [True] * 5]
+
+    readout_tokens = inputs["input_ids"].gather(1, batch.readout_positions)[batch.frame_mask]
+    assert torch.all(readout_tokens == token_id(processor, "<|vision_end|>"))
+    assert inputs["attention_mask"][0, -1] == 0  # right padding: the short sample ends early
+
+    with torch.no_grad():
+        hidden = model(**inputs).last_hidden_state
+    assert torch.isfinite(hidden).all()
+    readouts = batch.gather(hidden)
+    assert readouts.shape == (2, 5, model.config.text_config.hidden_size)
+    assert not torch.allclose(readouts[1, 0], readouts[1, 1])
+
+    for index, sample in enumerate(samples):  # padding does not change a sample's readouts
+        single = builder.build([sample])
+        with torch.no_grad():
+            single_readouts = single.gather(model(**single.model_inputs).last_hidden_state)[0]
+        num_frames = int(batch.frame_mask[index].sum())
+        torch.testing.assert_close(readouts[index, :num_frames], single_readouts, atol=1e-5, rtol=1e-4)
+
+
+def test_layout_with_goal_views_question_and_generation_prompt(backbones):
+    _, processor = backbones["qwen2_vl"]
+    batch = ClipInputBuilder(processor).build(
+        [("slide the green triangle to the bottom right", SHORT_CLIP, SHORT_CLIP[:1], {"wrist": SHORT_CLIP})],
+        question="Is the task complete? Answer yes or no.",
+        add_generation_prompt=True,
+    )
+    text = processor.tokenizer.decode(batch.model_inputs["input_ids"][0]).replace("<|image_pad|>", "")
+    image = "<|vision_start|><|vision_end|>"
+    assert text == (
+        f"<|im_start|>user\nGoal: {image}\nslide the green triangle to the bottom right\n{image * 6}"
+        "\nIs the task complete? Answer yes or no.<|im_end|>\n<|im_start|>assistant\n"
+    )
+    vision_ends = (batch.model_inputs["input_ids"][0] == token_id(processor, "<|vision_end|>")).nonzero().squeeze(-1)
+    # images: the goal, then (main, wrist) per step; a step's readout is its wrist view's end.
+    assert batch.readout_positions[0].tolist() == vision_ends[[2, 4, 6]].tolist()
+
+
+def test_frames_in_a_given_order_are_labelled(backbones):
+    _, processor = backbones["qwen3_vl"]
+    batch = ClipInputBuilder(processor).build(
+        [("move the red circle to the top left", SHORT_CLIP)], frame_orders=[[2, 0, 1]]
+    )
+    text = processor.tokenizer.decode(batch.model_inputs["input_ids"][0]).replace("<|image_pad|>", "")
+    image = "<|vision_start|><|vision_end|>"
+    assert f"top left\nFrame 1: {image}\nFrame 2: {image}\nFrame 3: {image}<|im_end|>" in text
+    vision_ends = (batch.model_inputs["input_ids"][0] == token_id(processor, "<|vision_end|>")).nonzero().squeeze(-1)
+    assert batch.readout_positions[0].tolist() == vision_ends[[1, 2, 0]].tolist()  # indexed by original frame
+    pixels = batch.model_inputs["pixel_values"].reshape(3, -1)
+    unshuffled = ClipInputBuilder(processor).build([("move the red circle to the top left", SHORT_CLIP)])
+    torch.testing.assert_close(pixels, unshuffled.model_inputs["pixel_values"].reshape(3, -1)[[2, 0, 1]])
+
+
+def test_frames_are_resized_once_to_the_family_factor(backbones):
+    _, processor = backbones["qwen2_vl"]
+    frames = RNG.integers(0, 255, (2, 64, 100, 3), dtype=np.uint8)
+    batch = ClipInputBuilder(processor).build([("move the red circle", frames)])
+    assert batch.model_inputs["image_grid_thw"].tolist() == [[1, 4, 8]] * 2  # 56x112 pixels, factor 28
+    capped = ClipInputBuilder(processor, max_pixels=56 * 56).build([("move the red circle", frames)])
+    assert capped.model_inputs["image_grid_thw"].tolist() == [[1, 2, 4]] * 2  # 28x56 pixels
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_left_padded_batch_generates(tiny_dirs, family):
+    model, processor = load_backbone(tiny_dirs[family], with_lm_head=True)
+    batch = ClipInputBuilder(processor, padding_side="left").build(
+        [("move the red circle", SHORT_CLIP), ("push the blue square", LONG_CLIP)],
+        question=["Is it done? Answer yes or no.", "Is it done? Answer yes or no."],
+        add_generation_prompt=True,
+    )
+    assert batch.model_inputs["attention_mask"][0, 0] == 0
+    assert torch.all(batch.readout_positions[:, 0] < batch.readout_positions[:, 2])
+    generated = model.generate(**batch.model_inputs, max_new_tokens=3, do_sample=False)
+    assert generated.shape == (2, batch.model_inputs["input_ids"].shape[1] + 3)
+
+
+def test_build_errors(backbones):
+    _, processor = backbones["qwen3_vl"]
+    builder = ClipInputBuilder(processor, max_frames=4)
+    with pytest.raises(ValueError, match=r"samples\[0\].frames: clip of 5 frames; ClipInputBuilder takes at most 4"):
+        builder.build([("push", LONG_CLIP)])
+    with pytest.raises(ValueError, match=r"samples\[1\].frames: frames of 20x56 pixels.*at least 32"):
+        builder.build([("push", SHORT_CLIP), ("push", np.zeros((2, 20, 56, 3), np.uint8))])
+    with pytest.raises(ValueError, match=r"samples\[0\].text: expected a non-empty"):
+        builder.build([("  ", SHORT_CLIP)])
+    with pytest.raises(ValueError, match="uint8"):
+        builder.build([("push", SHORT_CLIP.astype(np.float32))])
+    with pytest.raises(ValueError, match=r"rank 3"):
+        builder.build([("push", SHORT_CLIP[0])])
+    with pytest.raises(ValueError, match=r"samples\[0\].views\['wrist'\]: 2 frames, expected 3"):
+        builder.build([("push", SHORT_CLIP, None, {"wrist": SHORT_CLIP[:2]})])
+    with pytest.raises(ValueError, match=re.escape("special token '<|image_pad|>'")):
+        builder.build([("push <|image_pad|>", SHORT_CLIP)])
+    with pytest.raises(ValueError, match=r"question\[0\]: expected a non-empty"):
+        builder.build([("push", SHORT_CLIP)], question="")
+    with pytest.raises(ValueError, match="not a permutation of range"):
+        builder.build([("push", SHORT_CLIP)], frame_orders=[[0, 0, 1]])
+    with pytest.raises(ValueError, match="frame_orders: 2 entries for 1 samples"):
+        builder.build([("push", SHORT_CLIP)], frame_orders=[[0, 1, 2], [0]])
+    with pytest.raises(ValueError, match="empty batch"):
+        builder.build([])

@@ -1,0 +1,1 @@
+"""Metrics and plots for judging reward models against labels and preferences."""

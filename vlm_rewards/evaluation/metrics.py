@@ -1,0 +1,98 @@
+"""Reward-model metrics: value-order correlation, pairwise accuracy, success AUC, progress error."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+
+import numpy as np
+from scipy.stats import spearmanr
+from sklearn.metrics import roc_auc_score
+
+
+def voc(values: np.ndarray) -> float:
+    """Value-order correlation: Spearman's ρ between predicted per-frame values and frame order.
+
+    1 for values that rise with time (an expert's progress), −1 for values that fall. As in OpenGVL,
+    predictions that are constant, contain NaN or have fewer than two frames score 0.0: they say
+    nothing about order, and a model must not gain from failing to answer.
+    """
+    values = np.asarray(values, dtype=np.float64)
+    if values.ndim != 1:
+        raise ValueError(f"voc expects a (T,) array of per-frame values, got shape {values.shape}")
+    if len(values) < 2 or np.isnan(values).any() or np.all(values == values[0]):
+        return 0.0
+    return float(spearmanr(np.arange(len(values)), values).statistic)
+
+
+def mean_voc(episodes: Sequence[np.ndarray]) -> float:
+    """Mean VOC over episodes, each a (T,) array of predicted values."""
+    if len(episodes) == 0:
+        raise ValueError("mean_voc needs at least one episode")
+    return float(np.mean([voc(values) for values in episodes]))
+
+
+def pairwise_accuracy(
+    p_first_better: np.ndarray, first_is_better: np.ndarray, tie: np.ndarray | None = None
+) -> float:
+    """Fraction of pairs where the model prefers the better item.
+
+    p_first_better: the model's P(first > second) per pair; exactly 0.5 is a predicted tie and earns
+        half credit, so a model that always answers 0.5 scores 0.5, like a coin.
+    first_is_better: the label per pair. tie: optional bool per pair; labelled ties have no right
+        answer and are left out. Returns NaN (with a warning) when no pair is left.
+    """
+    p_first_better = np.asarray(p_first_better, dtype=np.float64)
+    first_is_better = np.asarray(first_is_better, dtype=bool)
+    keep = np.ones(len(first_is_better), bool) if tie is None else ~np.asarray(tie, dtype=bool)
+    if not (p_first_better.shape == first_is_better.shape == keep.shape) or p_first_better.ndim != 1:
+        raise ValueError(
+            "expected three (N,) arrays, got shapes "
+            f"{p_first_better.shape}, {first_is_better.shape}, {keep.shape}"
+        )
+    if np.isnan(p_first_better).any():
+        raise ValueError("p_first_better contains NaN; drop or fill pairs the model could not judge")
+    if not keep.any():
+        warnings.warn("pairwise_accuracy: no untied pairs, returning NaN", stacklevel=2)
+        return float("nan")
+    predicted = np.sign(p_first_better[keep] - 0.5)  # 1: first, -1: second, 0: tie
+    labelled = np.where(first_is_better[keep], 1.0, -1.0)
+    credit = np.where(predicted == 0, 0.5, predicted == labelled)
+    return float(credit.mean())
+
+
+def success_auc(scores: np.ndarray, success: np.ndarray) -> float:
+    """ROC AUC of per-episode scores (e.g. the final reward) for telling successes from failures.
+
+    With only one class present AUC is undefined: returns NaN with a warning rather than raising,
+    so evaluation over small or lopsided splits keeps going.
+    """
+    scores = np.asarray(scores, dtype=np.float64)
+    success = np.asarray(success, dtype=bool)
+    if scores.shape != success.shape or scores.ndim != 1:
+        raise ValueError(f"expected two (N,) arrays, got shapes {scores.shape} and {success.shape}")
+    if not np.isfinite(scores).all():
+        raise ValueError("scores contain NaN or inf; drop episodes the model could not score")
+    if success.all() or not success.any():
+        warnings.warn(
+            f"success_auc: all {len(success)} episodes are {'successes' if success.all() else 'failures'}; "
+            "AUC is undefined, returning NaN",
+            stacklevel=2,
+        )
+        return float("nan")
+    return float(roc_auc_score(success, scores))
+
+
+def progress_mae(predicted: np.ndarray, label: np.ndarray) -> float:
+    """Mean absolute error between predicted and labelled progress over frames the model scored.
+
+    NaN predictions (frames the model could not score) are left out; all-NaN gives NaN.
+    """
+    predicted = np.asarray(predicted, dtype=np.float64)
+    label = np.asarray(label, dtype=np.float64)
+    if predicted.shape != label.shape:
+        raise ValueError(f"predicted has shape {predicted.shape}, label has shape {label.shape}")
+    scored = ~np.isnan(predicted)
+    if not scored.any():
+        return float("nan")
+    return float(np.abs(predicted[scored] - label[scored]).mean())

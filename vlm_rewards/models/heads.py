@@ -1,0 +1,89 @@
+"""Reward heads and their losses: what transformers does not ship for Qwen-VL.
+
+A head maps backbone hidden states (read at each frame's position) to a value:
+- `regression`: one logit per frame, progress = sigmoid(logit), trained with BCE (or MSE).
+- `bins`: K logits per frame over bin centres 0, 1/(K−1), …, 1, trained with cross-entropy against a
+  two-hot target (the label split between its two nearest centres), progress = the expectation.
+- `scalar`: one unbounded value, the preference reward, trained Bradley–Terry.
+Losses run in fp32 whatever the backbone's dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+HeadKind = Literal["regression", "bins", "scalar"]
+
+
+class RewardHead(nn.Module):
+    def __init__(self, hidden_size: int, kind: HeadKind = "regression", num_bins: int = 32, mlp_size: int = 256):
+        super().__init__()
+        self.kind = kind
+        self.num_bins = num_bins
+        outputs = num_bins if kind == "bins" else 1
+        self.mlp = nn.Sequential(nn.Linear(hidden_size, mlp_size), nn.GELU(), nn.Linear(mlp_size, outputs))
+        self.register_buffer("bin_centers", torch.linspace(0, 1, num_bins), persistent=False)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., hidden) -> logits (..., K) for bins, else (...)."""
+        logits = self.mlp(hidden.float())
+        return logits if self.kind == "bins" else logits.squeeze(-1)
+
+    def predict(self, logits: torch.Tensor) -> torch.Tensor:
+        """Logits -> progress in [0, 1] (regression, bins) or the raw reward (scalar)."""
+        if self.kind == "bins":
+            return logits.softmax(-1) @ self.bin_centers
+        if self.kind == "regression":
+            return logits.sigmoid()
+        return logits
+
+    def progress_loss(self, logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, mse: bool = False):
+        """Mean per-frame loss over frames where `mask` is true; labels in [0, 1]."""
+        labels = labels.float().clamp(0, 1)
+        if self.kind == "bins":
+            per_frame = -(two_hot(labels, self.num_bins) * logits.log_softmax(-1)).sum(-1)
+        elif self.kind == "regression":
+            per_frame = (
+                F.mse_loss(logits.sigmoid(), labels, reduction="none")
+                if mse
+                else F.binary_cross_entropy_with_logits(logits, labels, reduction="none")
+            )
+        else:
+            raise ValueError(f"progress_loss needs a regression or bins head, this head is {self.kind!r}")
+        mask = mask.float()
+        return (per_frame * mask).sum() / mask.sum().clamp(min=1)
+
+
+def two_hot(labels: torch.Tensor, num_bins: int) -> torch.Tensor:
+    """Split each label between the two nearest of `num_bins` centres so that the expectation is exact."""
+    position = labels * (num_bins - 1)
+    lower = position.floor().long()
+    upper = (lower + 1).clamp(max=num_bins - 1)
+    upper_weight = position - lower.float()
+    target = torch.zeros(*labels.shape, num_bins, device=labels.device)
+    target.scatter_add_(-1, lower.unsqueeze(-1), (1 - upper_weight).unsqueeze(-1))
+    target.scatter_add_(-1, upper.unsqueeze(-1), upper_weight.unsqueeze(-1))
+    return target
+
+
+def bradley_terry_loss(
+    chosen: torch.Tensor,
+    rejected: torch.Tensor,
+    margin: torch.Tensor | None = None,
+    tie: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """−log σ(r_chosen − r_rejected − margin); a tie is trained toward P = ½ (BCE with target ½)."""
+    difference = chosen.float() - rejected.float()
+    if margin is not None:
+        difference = difference - margin.float()
+    loss = -F.logsigmoid(difference)
+    if tie is not None:
+        tie_loss = F.binary_cross_entropy_with_logits(
+            chosen.float() - rejected.float(), torch.full_like(difference, 0.5)
+        )
+        loss = torch.where(tie.bool(), tie_loss, loss)
+    return loss.mean()

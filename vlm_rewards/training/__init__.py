@@ -1,0 +1,1 @@
+"""Reward-model training: configs, deterministic batch samplers, the accelerate training loop."""

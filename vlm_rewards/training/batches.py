@@ -1,0 +1,91 @@
+"""Training batches drawn as a pure function of (seed, step, rank).
+
+Resuming at step N therefore sees exactly the batches an uninterrupted run would have seen, with no
+sampler state to save, and every data-parallel rank draws its own samples.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from vlm_rewards.data.episodes import EpisodeDataset, PairDataset
+from vlm_rewards.data.labels import mismatched_instruction, reversed_clip, rewound_clip, stalled_clip
+from vlm_rewards.interface import RewardRequest
+from vlm_rewards.training.config import Augment
+
+
+def step_rng(seed: int, step: int, rank: int) -> np.random.Generator:
+    return np.random.default_rng([seed, step, rank])
+
+
+@dataclass
+class ProgressBatch:
+    requests: list[RewardRequest]
+    labels: torch.Tensor  # (B, T_max) progress labels, 0 past each clip's end
+
+
+@dataclass
+class PreferenceBatch:
+    chosen: list[RewardRequest]
+    rejected: list[RewardRequest]
+    margins: torch.Tensor  # (B,)
+    ties: torch.Tensor  # (B,) bool
+
+
+class ProgressBatches:
+    """Episodes with synthetic negatives: mismatched instructions, reversed, rewound, stalled clips."""
+
+    def __init__(self, dataset: EpisodeDataset, batch_size: int, augment: Augment, seed: int):
+        self.dataset, self.batch_size, self.augment, self.seed = dataset, batch_size, augment, seed
+        self.episode_ids = dataset.episode_ids
+        self.instructions = dataset.instructions
+
+    def batch(self, step: int, rank: int = 0) -> ProgressBatch:
+        rng = step_rng(self.seed, step, rank)
+        chosen = rng.choice(self.episode_ids, size=self.batch_size)
+        samples = [self._sample(int(episode_id), rng) for episode_id in chosen]
+        max_frames = max(len(labels) for _, labels in samples)
+        labels = torch.zeros(len(samples), max_frames)
+        for row, (_, sample_labels) in enumerate(samples):
+            labels[row, : len(sample_labels)] = torch.as_tensor(sample_labels)
+        return ProgressBatch([request for request, _ in samples], labels)
+
+    def _sample(self, episode_id: int, rng: np.random.Generator) -> tuple[RewardRequest, np.ndarray]:
+        record = self.dataset[episode_id]
+        request = self.dataset.to_request(record)
+        augment, draw = self.augment, rng.random()
+        if draw < augment.mismatch:
+            text = mismatched_instruction(record.instruction, self.instructions, rng)
+            return RewardRequest(request.frames, text, request.reference, request.views), np.zeros(record.num_frames)
+        # The label functions only index along time, so running them on frame indices gives one
+        # order to apply to the main frames and every extra view alike.
+        indices = np.arange(record.num_frames)
+        draw -= augment.mismatch
+        if draw < augment.reverse:
+            indices, labels = reversed_clip(indices, record.progress)
+        elif draw < augment.reverse + augment.rewind:
+            indices, labels = rewound_clip(indices, record.progress, rng)
+        elif draw < augment.reverse + augment.rewind + augment.stall:
+            indices, labels = stalled_clip(indices, record.progress, rng)
+        else:
+            labels = record.progress
+        return self.dataset.to_request(record, indices), np.asarray(labels, dtype=np.float32)
+
+
+class PreferenceBatches:
+    def __init__(self, dataset: PairDataset, batch_size: int, seed: int):
+        self.dataset, self.batch_size, self.seed = dataset, batch_size, seed
+
+    def batch(self, step: int, rank: int = 0) -> PreferenceBatch:
+        rng = step_rng(self.seed, step, rank)
+        pairs = [self.dataset[int(i)] for i in rng.choice(self.dataset.pair_ids, size=self.batch_size)]
+        chosen, rejected = zip(*(self.dataset.to_requests(pair) for pair in pairs))
+        return PreferenceBatch(
+            list(chosen),
+            list(rejected),
+            torch.tensor([pair.margin for pair in pairs], dtype=torch.float32),
+            torch.tensor([pair.tie for pair in pairs], dtype=torch.bool),
+        )

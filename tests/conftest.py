@@ -1,8 +1,15 @@
+import os
+
 import numpy as np
 import pytest
+import torch
 
 from vlm_rewards.data.synthetic import ShapesWorld
 from vlm_rewards.interface import RewardRequest
+
+if "PYTEST_XDIST_WORKER" in os.environ:
+    # one torch thread per xdist worker: oversubscribed OpenMP threads spin and slow everything down
+    torch.set_num_threads(1)
 
 
 @pytest.fixture

@@ -25,6 +25,9 @@ _BUILTIN_KINDS = {
     "motion_penalty": "vlm_rewards.rewards.rules:MotionPenalty",
     "composite": "vlm_rewards.rewards.composite:CompositeReward",
     "clip_goal": "vlm_rewards.models.embedding:ClipGoalReward",
+    "vlm_reward_model": "vlm_rewards.models.reward_model:VLMReward",
+    "vlm_judge": "vlm_rewards.models.judge:YesNoJudge",
+    "gvl_progress": "vlm_rewards.models.judge:GVLProgressJudge",
 }
 _registered: dict[str, type] = {}
 

@@ -91,7 +91,7 @@ def run_training(config: TrainRMConfig, console: Console | None = None) -> dict[
             progress_bar.set_postfix(loss=f"{logs['train/loss']:.4f}")
         if done % config.eval_every == 0 and done < config.optim.steps:
             _evaluate(accelerator, model, eval_data, config, history, done)
-        if done % config.save_every == 0 and done < config.optim.steps:
+        if done % config.save_every == 0 or done == config.optim.steps:
             _save_checkpoint(accelerator, config, done, history)
 
     metrics = _evaluate(accelerator, model, eval_data, config, history, config.optim.steps, final=True)

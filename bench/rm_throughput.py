@@ -1,0 +1,455 @@
+"""Reward-model throughput: one-pass clip scoring vs per-frame loops, FLOPs, MFU, memory, training steps.
+
+Scoring a clip of T frames, `VLMRewardModel.predict` runs one forward over the instruction and all T
+frames and reads the head at each frame's readout token. Without that design a user would loop:
+
+- prefix loop: for each t, a forward on frames[:t+1] reading the last frame. T forwards per clip;
+  in a causal model it gives exactly the one-pass outputs, which this benchmark checks.
+- independent: for each t, a forward on frame t alone with the instruction. T forwards of
+  single-frame clips; different (context-free) outputs, timed for reference only.
+
+Inputs are built once before timing, so every figure is model time (input building is timed on its
+own). Model FLOPs per forward: 2·N_lm·tokens + 2·N_vis·patches + 2·N_merger·patches/4, with N_lm the
+language-model parameters without embeddings, N_vis the vision tower's without its patch merger
+(which runs once per 2x2 patches), tokens the unpadded sequence tokens and patches the 14x14 vision
+patches; attention-score FLOPs are left out, so MFU is slightly understated. A training step counts
+3x the forward (recomputation by gradient checkpointing not counted). MFU divides by a dense matmul
+rate measured in the same run and dtype.
+
+    .venv/bin/python bench/rm_throughput.py                                   # tiny model, CPU
+    python bench/rm_throughput.py --preset qwen2_5_vl_3b --device cuda --dtype bfloat16
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import numpy as np
+import torch
+import transformers
+import typer
+from rich.console import Console
+from rich.table import Table
+from transformers import AutoConfig, AutoModel, PretrainedConfig, Qwen2_5_VLConfig
+
+from vlm_rewards.data.synthetic import ShapesWorld
+from vlm_rewards.interface import RewardRequest
+from vlm_rewards.io import write_json
+from vlm_rewards.models.backbones import build_tiny_backbone, load_backbone
+from vlm_rewards.models.inputs import ClipBatch
+from vlm_rewards.models.reward_model import RewardModelConfig, VLMRewardModel, resolve_device, resolve_dtype
+
+Preset = Literal["tiny", "qwen2_5_vl_3b"]
+FRAME_SIZES: dict[str, int] = {"tiny": 112, "qwen2_5_vl_3b": 224}
+# Largest |one pass − prefix loop| accepted as the same output (progress values lie in [0, 1]).
+TOLERANCES = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 5e-3}
+MATMUL_SIZES = {"cuda": 8192, "cpu": 2048}
+MATMULS_PER_REPEAT = 4
+MERGE_TOKENS = 4  # the patch merger maps 2x2 vision patches to one LLM token
+
+
+@dataclass
+class BenchConfig:
+    preset: Preset = "tiny"
+    device: str = "auto"
+    dtype: str = "auto"
+    batch_size: int = 4
+    num_frames: int = 16
+    frame_size: int | None = None  # None: the preset's (112 tiny, 224 for 3B)
+    warmup: int = 2
+    repeats: int = 10
+    train: bool = True
+    attn_implementation: str | None = None  # None: transformers' default (sdpa)
+    threads: int | None = None  # CPU threads; None: torch's default
+    seed: int = 0
+
+
+def qwen2_5_vl_3b_config(tiny: PretrainedConfig) -> Qwen2_5_VLConfig:
+    """Qwen2.5-VL-3B-Instruct's hyperparameters, with the special-token ids of the tiny model's tokenizer."""
+    text = tiny.get_text_config()
+    return Qwen2_5_VLConfig(
+        text_config=dict(
+            vocab_size=151936,
+            hidden_size=2048,
+            intermediate_size=11008,
+            num_hidden_layers=36,
+            num_attention_heads=16,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-6,
+            max_position_embeddings=128000,
+            rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": [16, 24, 24]},
+            bos_token_id=text.bos_token_id,
+            eos_token_id=text.eos_token_id,
+            pad_token_id=text.pad_token_id,
+        ),
+        vision_config=dict(
+            depth=32,
+            hidden_size=1280,
+            intermediate_size=3420,
+            num_heads=16,
+            out_hidden_size=2048,
+            patch_size=14,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            window_size=112,
+            fullatt_block_indexes=[7, 15, 23, 31],
+            tokens_per_second=2,
+        ),
+        image_token_id=tiny.image_token_id,
+        video_token_id=tiny.video_token_id,
+        vision_start_token_id=tiny.vision_start_token_id,
+        vision_end_token_id=tiny.vision_end_token_id,
+        tie_word_embeddings=True,
+    )
+
+
+def build_model(
+    preset: Preset,
+    workdir: Path,
+    device: torch.device,
+    dtype: torch.dtype,
+    max_frames: int,
+    attn_implementation: str | None = None,
+) -> VLMRewardModel:
+    """A progress RM with random weights; the 3B preset is built in memory on `device`, nothing is downloaded."""
+    tiny_dir = build_tiny_backbone("qwen2_5_vl", workdir / "tiny_backbone")
+    reward_config = RewardModelConfig(max_frames=max_frames)
+    options = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    if preset == "tiny":
+        return VLMRewardModel.from_backbone(tiny_dir, reward_config, dtype=dtype, **options).to(device).eval()
+    _, processor = load_backbone(tiny_dir)  # the tiny tokenizer and Qwen2.5-VL image processor
+    config = qwen2_5_vl_3b_config(AutoConfig.from_pretrained(tiny_dir))
+    if len(processor.tokenizer) > config.get_text_config().vocab_size:
+        raise ValueError(f"the tokenizer has {len(processor.tokenizer)} tokens, more than the config's vocab_size")
+    with torch.device(device):
+        backbone = AutoModel.from_config(config, dtype=dtype, **options)
+    return VLMRewardModel(backbone, processor, reward_config).to(device).eval()
+
+
+def make_clips(
+    batch_size: int, num_frames: int, frame_size: int, seed: int
+) -> tuple[list[RewardRequest], torch.Tensor]:
+    """ShapesWorld expert clips and their (B, T) progress labels."""
+    world, rng = ShapesWorld(size=frame_size), np.random.default_rng(seed)
+    episodes = [world.rollout(rng, num_frames, "expert") for _ in range(batch_size)]
+    labels = torch.as_tensor(np.stack([episode.progress for episode in episodes]))
+    return [RewardRequest(episode.frames, episode.instruction) for episode in episodes], labels
+
+
+def per_step_batches(model: VLMRewardModel, requests: list[RewardRequest], prefix: bool) -> list[ClipBatch]:
+    """Batch t holds frames[:t+1] (prefix) or frames[t:t+1] of every clip, so its last frame is frame t."""
+    num_frames = requests[0].num_frames
+    return [
+        model.encode([RewardRequest(r.frames[0 if prefix else t : t + 1], r.text) for r in requests])
+        for t in range(num_frames)
+    ]
+
+
+def score_per_step(model: VLMRewardModel, batches: list[ClipBatch]) -> torch.Tensor:
+    """One forward per batch, each read at its last frame: (B, len(batches))."""
+    return torch.stack([model.last_frame(model.predict(batch), batch.frame_mask) for batch in batches], dim=1)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_seconds(
+    fns: dict[str, Callable[[], Any]], warmup: int, repeats: int, device: torch.device
+) -> dict[str, tuple[float, Any]]:
+    """Per name: median wall time over `repeats` rounds after `warmup` untimed ones, and the last output.
+
+    Each round calls every function once, so a background load slows them alike and their ratios hold.
+    """
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    outputs: dict[str, Any] = {}
+    for round_index in range(warmup + repeats):
+        for name, fn in fns.items():
+            synchronize(device)
+            start = time.perf_counter()
+            outputs[name] = fn()
+            synchronize(device)
+            if round_index >= warmup:
+                times[name].append(time.perf_counter() - start)
+    return {name: (statistics.median(times[name]), outputs[name]) for name in fns}
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_gib(device: torch.device) -> float | None:
+    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+
+
+def matmul_flops_per_s(device: torch.device, dtype: torch.dtype, warmup: int, repeats: int) -> float:
+    """Measured dense matmul rate: the denominator of MFU."""
+    size = MATMUL_SIZES[device.type]
+    a, b = (torch.randn(size, size, device=device, dtype=dtype) for _ in range(2))
+
+    def matmuls() -> None:
+        for _ in range(MATMULS_PER_REPEAT):
+            torch.matmul(a, b)
+
+    seconds, _ = median_seconds({"matmuls": matmuls}, max(warmup, 1), repeats, device)["matmuls"]
+    return 2 * size**3 * MATMULS_PER_REPEAT / seconds
+
+
+def parameter_counts(model: VLMRewardModel) -> dict[str, int]:
+    backbone = model.backbone
+    merger = sum(p.numel() for p in backbone.visual.merger.parameters())
+    return {
+        "lm_without_embeddings": sum(
+            p.numel() for name, p in backbone.language_model.named_parameters() if not name.startswith("embed_tokens")
+        ),
+        "embeddings": backbone.language_model.embed_tokens.weight.numel(),
+        "vision_without_merger": sum(p.numel() for p in backbone.visual.parameters()) - merger,
+        "vision_merger": merger,
+        "head": sum(p.numel() for p in model.head.parameters()),
+    }
+
+
+def forward_flops(params: dict[str, int], batch: ClipBatch) -> float:
+    """Model FLOPs of one forward on `batch` (formula in the module docstring)."""
+    tokens = int(batch.model_inputs["attention_mask"].sum())
+    patches = batch.model_inputs["pixel_values"].shape[0]
+    return 2.0 * (
+        params["lm_without_embeddings"] * tokens
+        + params["vision_without_merger"] * patches
+        + params["vision_merger"] * patches / MERGE_TOKENS
+    )
+
+
+def measure_scoring(model: VLMRewardModel, requests: list[RewardRequest], warmup: int, repeats: int) -> dict[str, Any]:
+    """Frames/s of one-pass scoring, the prefix loop and independent frames, and the prefix-loop check."""
+    device, num_frames = model.device, sum(r.num_frames for r in requests)
+    one_pass = model.encode(requests)
+    prefix = per_step_batches(model, requests, prefix=True)
+    independent = per_step_batches(model, requests, prefix=False)
+    reset_peak_memory(device)
+    with torch.inference_mode():
+        timings = median_seconds(
+            {
+                "input_building": lambda: model.encode(requests),
+                "one_pass": lambda: model.predict(one_pass),
+                "prefix_loop": lambda: score_per_step(model, prefix),
+                "independent": lambda: score_per_step(model, independent),
+            },
+            warmup,
+            repeats,
+            device,
+        )
+    forwards = {"input_building": 0, "one_pass": 1, "prefix_loop": len(prefix), "independent": len(independent)}
+    result: dict[str, Any] = {
+        name: {"seconds": seconds, "frames_per_s": num_frames / seconds, "forwards": forwards[name]}
+        for name, (seconds, _) in timings.items()
+    }
+    values = {name: output for name, (_, output) in timings.items()}
+    tolerance = TOLERANCES[next(model.backbone.parameters()).dtype]
+    prefix_difference = (values["prefix_loop"] - values["one_pass"]).abs().max().item()
+    one_pass_seconds = result["one_pass"]["seconds"]
+    return {
+        **result,
+        "frames": num_frames,
+        "speedup_vs_prefix_loop": result["prefix_loop"]["seconds"] / one_pass_seconds,
+        "speedup_vs_independent": result["independent"]["seconds"] / one_pass_seconds,
+        "prefix_loop_max_abs_diff": prefix_difference,
+        "prefix_loop_matches": prefix_difference <= tolerance,
+        "tolerance": tolerance,
+        "independent_max_abs_diff": (values["independent"] - values["one_pass"]).abs().max().item(),
+        "peak_memory_gib": peak_memory_gib(device),
+    }
+
+
+def measure_training(
+    model: VLMRewardModel, requests: list[RewardRequest], labels: torch.Tensor, warmup: int, repeats: int
+) -> dict[str, Any]:
+    """Forward + backward + AdamW step of the progress loss with gradient checkpointing, in the model's dtype.
+
+    Leaves the model in training mode with changed weights: run it last.
+    """
+    device, batch = model.device, model.encode(requests)
+    labels = labels.to(device)
+    model.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
+
+    def step() -> None:
+        loss = model.head.progress_loss(model(batch), labels, batch.frame_mask)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    reset_peak_memory(device)
+    seconds, _ = median_seconds({"step": step}, warmup, repeats, device)["step"]
+    return {
+        "seconds": seconds,
+        "samples_per_s": len(requests) / seconds,
+        "frames_per_s": sum(r.num_frames for r in requests) / seconds,
+        "peak_memory_gib": peak_memory_gib(device),
+    }
+
+
+def cpu_name() -> str:
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def machine(device: torch.device) -> dict[str, Any]:
+    return {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "cpu": cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "load_average": os.getloadavg(),  # other jobs on the machine skew absolute times
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+
+
+def run_benchmark(config: BenchConfig, workdir: Path) -> dict[str, Any]:
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
+    machine_info = machine(device)  # before this run adds to the load average
+    frame_size = config.frame_size or FRAME_SIZES[config.preset]
+    torch.manual_seed(config.seed)
+    model = build_model(config.preset, workdir, device, dtype, config.num_frames, config.attn_implementation)
+    requests, labels = make_clips(config.batch_size, config.num_frames, frame_size, config.seed)
+
+    params = parameter_counts(model)
+    batch = model.encode(requests)
+    flops_per_frame = forward_flops(params, batch) / int(batch.frame_mask.sum())
+    matmul_rate = matmul_flops_per_s(device, dtype, config.warmup, config.repeats)
+    scoring = measure_scoring(model, requests, config.warmup, config.repeats)
+    result: dict[str, Any] = {
+        "config": {**asdict(config), "frame_size": frame_size, "device": str(device), "dtype": str(dtype)},
+        "machine": machine_info,
+        "parameters": params,
+        "tokens_per_clip": batch.model_inputs["attention_mask"].sum(1).tolist(),
+        "flops_per_frame": flops_per_frame,
+        "matmul_flops_per_s": matmul_rate,
+        "scoring": scoring,
+        "scoring_mfu": flops_per_frame * scoring["one_pass"]["frames_per_s"] / matmul_rate,
+    }
+    if config.train:
+        training = measure_training(model, requests, labels, config.warmup, config.repeats)
+        training["mfu"] = 3 * flops_per_frame * training["frames_per_s"] / matmul_rate
+        result["training"] = training
+    return result
+
+
+def _number(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.1f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+def print_result(result: dict[str, Any], console: Console) -> None:
+    scoring, config, params = result["scoring"], result["config"], result["parameters"]
+    table = Table(
+        title=f"{config['preset']} (random weights): {config['batch_size']} clips x {config['num_frames']} frames "
+        f"of {config['frame_size']}px, {config['device']} {config['dtype']}, median of {config['repeats']}"
+    )
+    for column in ("", "forwards", "seconds", "frames/s", "one pass ×"):
+        table.add_column(column, justify="right" if column else "left")
+    rows = {
+        "one_pass": "one pass",
+        "prefix_loop": "prefix loop (same outputs)",
+        "independent": "independent (context-free)",
+        "input_building": "input building (not above)",
+    }
+    for key, label in rows.items():
+        row = scoring[key]
+        speedup = f"{row['seconds'] / scoring['one_pass']['seconds']:.2f}" if row["forwards"] else "-"
+        table.add_row(label, str(row["forwards"]), _number(row["seconds"]), _number(row["frames_per_s"]), speedup)
+    console.print(table)
+    check = "matches" if scoring["prefix_loop_matches"] else "[bold red]DOES NOT MATCH[/]"
+    console.print(
+        f"prefix loop {check} one pass: max |diff| {scoring['prefix_loop_max_abs_diff']:.1e} "
+        f"(tolerance {scoring['tolerance']:.0e}); independent frames differ by up to "
+        f"{scoring['independent_max_abs_diff']:.1e}"
+    )
+    compute = Table(title="compute")
+    compute.add_column("")
+    compute.add_column("value", justify="right")
+    vision = params["vision_without_merger"] + params["vision_merger"]
+    compute.add_row(
+        "params: LM w/o embeddings, embeddings, vision",
+        f"{params['lm_without_embeddings'] / 1e6:,.1f}M, {params['embeddings'] / 1e6:,.1f}M, {vision / 1e6:,.1f}M",
+    )
+    compute.add_row("model GFLOPs per frame (forward)", _number(result["flops_per_frame"] / 1e9))
+    compute.add_row("measured matmul TFLOP/s", _number(result["matmul_flops_per_s"] / 1e12))
+    compute.add_row("one-pass scoring MFU", f"{100 * result['scoring_mfu']:.1f}%")
+    compute.add_row("scoring peak memory GiB", _number(scoring["peak_memory_gib"]))
+    if "training" in result:
+        training = result["training"]
+        compute.add_row("training samples/s", _number(training["samples_per_s"]))
+        compute.add_row("training MFU", f"{100 * training['mfu']:.1f}%")
+        compute.add_row("training peak memory GiB", _number(training["peak_memory_gib"]))
+    console.print(compute)
+
+
+def main(
+    preset: Annotated[str, typer.Option(help="tiny | qwen2_5_vl_3b (random weights either way)")] = "tiny",
+    device: Annotated[str, typer.Option(help="auto | cpu | cuda | cuda:N")] = "auto",
+    dtype: Annotated[str, typer.Option(help="auto | float32 | bfloat16 | float16")] = "auto",
+    batch_size: Annotated[int, typer.Option(min=1)] = 4,
+    num_frames: Annotated[int, typer.Option(min=1)] = 16,
+    frame_size: Annotated[int | None, typer.Option(help="frame side in pixels; default: 112 tiny, 224 3B")] = None,
+    warmup: Annotated[int, typer.Option(min=0)] = 2,
+    repeats: Annotated[int, typer.Option(min=1)] = 10,
+    train: Annotated[bool, typer.Option(help="also time a training step")] = True,
+    attn_implementation: Annotated[str | None, typer.Option(help="e.g. sdpa, flash_attention_2")] = None,
+    threads: Annotated[int | None, typer.Option(help="CPU threads; 1 is steadier on a shared machine")] = None,
+    seed: int = 0,
+    output: Annotated[Path, typer.Option(help="where to write the JSON result")] = Path(
+        "outputs/bench/rm_throughput.json"
+    ),
+) -> None:
+    """Time one-pass clip scoring against per-frame loops, plus FLOPs, MFU, memory and a training step."""
+    if preset not in FRAME_SIZES:
+        raise typer.BadParameter(f"expected one of {', '.join(FRAME_SIZES)}", param_hint="--preset")
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    config = BenchConfig(
+        preset=preset,
+        device=device,
+        dtype=dtype,
+        batch_size=batch_size,
+        num_frames=num_frames,
+        frame_size=frame_size,
+        warmup=warmup,
+        repeats=repeats,
+        train=train,
+        attn_implementation=attn_implementation,
+        threads=threads,
+        seed=seed,
+    )
+    with tempfile.TemporaryDirectory() as workdir:
+        result = run_benchmark(config, Path(workdir))
+    console = Console()
+    print_result(result, console)
+    write_json(output, result)
+    console.print(f"wrote {output}")
+    if not result["scoring"]["prefix_loop_matches"]:
+        raise typer.Exit(code=1)
+
+
+if __name__ == "__main__":
+    typer.run(main)

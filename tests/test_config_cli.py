@@ -34,6 +34,22 @@ def test_job_config_errors_name_the_file_and_key(tmp_path):
         load_job_config(DemoConfig, path)
 
 
+def test_overriding_one_nested_key_keeps_the_section_defaults():
+    from vlm_rewards.training.config import TrainRMConfig
+
+    config = load_job_config(TrainRMConfig, None, ["data.synthetic_eval.num_frames=8"])
+    assert config.data.synthetic_eval.num_frames == 8
+    assert config.data.synthetic_eval.seed == TrainRMConfig().data.synthetic_eval.seed == 1000
+
+
+def test_missing_or_broken_config_files(tmp_path):
+    with pytest.raises(ValueError, match="nope.yaml: no such config file"):
+        load_job_config(DemoConfig, tmp_path / "nope.yaml")
+    (tmp_path / "bad.yaml").write_text("a: [1,\n")
+    with pytest.raises(ValueError, match="bad.yaml: not valid YAML"):
+        load_job_config(DemoConfig, tmp_path / "bad.yaml")
+
+
 def test_shipped_demo_config_equals_the_embedded_defaults():
     assert load_job_config(DemoConfig, "configs/demo.yaml") == DemoConfig()
 
@@ -41,7 +57,7 @@ def test_shipped_demo_config_equals_the_embedded_defaults():
 def test_help_lists_the_jobs():
     result = runner.invoke(app, ["--help"])
     assert result.exit_code == 0
-    for job in ("demo", "score", "rewards"):
+    for job in ("demo", "score", "rewards", "train-rm", "eval-rm"):
         assert job in result.output
 
 

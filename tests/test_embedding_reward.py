@@ -169,9 +169,7 @@ def test_scores_clips_of_one_and_four_frames(model_folder):
     assert [len(result.progress) for result in results] == [1, 4]
     low, high = reward.spec.value_range
     for result in results:
-        assert np.all(np.isfinite(result.progress)) and np.all(
-            (low <= result.progress) & (result.progress <= high)
-        )
+        assert np.all(np.isfinite(result.progress)) and np.all((low <= result.progress) & (result.progress <= high))
         assert result.reward == result.progress[-1]
         assert -1.0 <= result.aux["goal_similarity"] <= 1.0
     assert reward.spec.output == "progress" and reward.spec.frame_size is None
@@ -183,9 +181,7 @@ def test_alpha_zero_is_the_models_cosine_similarity(clip_folder):
     inputs = reward.processor(images=list(frames), return_tensors="pt")
     with torch.no_grad():
         images = reward.encoder.get_image_features(**inputs).pooler_output
-        goal = reward.encoder.get_text_features(
-            **reward.processor(text=[GOAL], return_tensors="pt")
-        ).pooler_output
+        goal = reward.encoder.get_text_features(**reward.processor(text=[GOAL], return_tensors="pt")).pooler_output
     cosine = torch.nn.functional.cosine_similarity(images, goal).numpy()
     result = reward.score([RewardRequest(frames, GOAL)])[0]
     np.testing.assert_allclose(result.progress, cosine, atol=1e-5)

@@ -151,9 +151,7 @@ def test_frame_count_mismatch_names_the_file(tmp_path):
     frames_file = tmp_path / "frames" / "episode_000010.npz"
     record = dataset[10]
     np.savez(frames_file, **{"frames": record.frames[:4], "view.wrist": record.views["wrist"][:4]})
-    with pytest.raises(
-        ValueError, match=r"episode_000010.npz\['frames'\]: 4 frames, but episodes.parquet has 6"
-    ):
+    with pytest.raises(ValueError, match=r"episode_000010.npz\['frames'\]: 4 frames, but episodes.parquet has 6"):
         dataset[10]
 
 
@@ -239,9 +237,7 @@ def test_build_progress_dataset_is_deterministic(tmp_path):
     second = build_progress_dataset(tmp_path / "b", seed=3, **settings)
     other = build_progress_dataset(tmp_path / "c", seed=4, **settings)
 
-    assert pq.read_table(tmp_path / "a" / "episodes.parquet").equals(
-        pq.read_table(tmp_path / "b" / "episodes.parquet")
-    )
+    assert pq.read_table(tmp_path / "a" / "episodes.parquet").equals(pq.read_table(tmp_path / "b" / "episodes.parquet"))
     for episode_id in first.episode_ids:
         np.testing.assert_array_equal(first[episode_id].frames, second[episode_id].frames)
     assert not np.array_equal(first[0].frames, other[0].frames)

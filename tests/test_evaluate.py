@@ -3,7 +3,8 @@ import json
 import numpy as np
 import pytest
 
-from vlm_rewards.evaluation.evaluate import EvalRMConfig, SyntheticEvalData, frame_pair_accuracy, run_eval
+from vlm_rewards.data.build import SyntheticData
+from vlm_rewards.evaluation.evaluate import EvalRMConfig, frame_pair_accuracy, run_eval
 from vlm_rewards.interface import RewardRequest, RewardResult
 
 
@@ -14,7 +15,7 @@ def clock(request: RewardRequest) -> RewardResult:
 
 
 def small_eval(tmp_path, reward, **overrides) -> EvalRMConfig:
-    synthetic = SyntheticEvalData(num_episodes=24, num_pairs=16, num_frames=8, seed=7)
+    synthetic = SyntheticData(num_episodes=24, num_pairs=16, num_frames=8, seed=7)
     return EvalRMConfig(reward=reward, synthetic=synthetic, output_dir=tmp_path, **overrides)
 
 

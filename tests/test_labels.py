@@ -15,9 +15,7 @@ from vlm_rewards.data.labels import (
 
 def expert_clip(num_frames: int) -> tuple[np.ndarray, np.ndarray]:
     """Frames whose pixel value is the frame index, so a transformed clip shows where frames went."""
-    frames = np.broadcast_to(
-        np.arange(num_frames, dtype=np.uint8)[:, None, None, None], (num_frames, 4, 4, 3)
-    )
+    frames = np.broadcast_to(np.arange(num_frames, dtype=np.uint8)[:, None, None, None], (num_frames, 4, 4, 3))
     return frames.copy(), time_progress(num_frames)
 
 
@@ -73,9 +71,7 @@ def test_rewound_labels_go_up_then_down(num_frames):
     for seed in range(30):
         rewound_frames, rewound_progress = rewound_clip(frames, progress, np.random.default_rng(seed))
         assert len(rewound_frames) == len(rewound_progress) == num_frames
-        np.testing.assert_allclose(
-            rewound_progress, progress[rewound_frames[:, 0, 0, 0]]
-        )  # labels follow frames
+        np.testing.assert_allclose(rewound_progress, progress[rewound_frames[:, 0, 0, 0]])  # labels follow frames
         peak = int(np.argmax(rewound_progress))
         assert 0 < peak < num_frames - 1
         assert np.all(np.diff(rewound_progress[: peak + 1]) > 0)

@@ -57,13 +57,27 @@ def parse_value(raw: str) -> Any:
 
 
 def load_job_config(model: type[ConfigT], path: str | Path | None = None, overrides: Sequence[str] = ()) -> ConfigT:
-    """Validate a job config from an optional YAML file plus overrides; errors name the file and key."""
-    data = load_yaml(path) if path is not None else {}
+    """Validate a job config from an optional YAML file plus overrides; errors name the file and key.
+
+    The file and the overrides are merged into the model's full defaults, so overriding one key of a
+    nested section keeps the section's other defaults.
+    """
+    data = deep_merge(model().model_dump(), load_yaml(path) if path is not None else {})
     origin = str(path) if path is not None else f"{model.__name__} defaults"
     try:
         return model.model_validate(apply_overrides(data, overrides))
     except pydantic.ValidationError as error:
         raise ValueError(f"{origin}: {format_validation_error(error)}") from None
+
+
+def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    merged = _deep_copy(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
 
 
 def dump_config(config: pydantic.BaseModel) -> str:

@@ -42,9 +42,7 @@ def read_video(path: str | Path) -> np.ndarray:
     return np.stack(frames)
 
 
-def write_video(
-    path: str | Path, frames: np.ndarray, fps: int = 10, crf: int = 18, pix_fmt: str = "yuv444p"
-) -> None:
+def write_video(path: str | Path, frames: np.ndarray, fps: int = 10, crf: int = 18, pix_fmt: str = "yuv444p") -> None:
     """Encode (T, H, W, 3) uint8 frames as H.264 (lossy).
 
     yuv444p keeps full colour resolution, which small coloured objects need; yuv420p plays everywhere

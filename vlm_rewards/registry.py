@@ -79,8 +79,13 @@ def resolve_reward_path(path: str | Path) -> Path:
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
-    with open(path) as handle:
-        loaded = yaml.safe_load(handle)
+    if not Path(path).is_file():
+        raise ValueError(f"{path}: no such config file")
+    try:
+        with open(path) as handle:
+            loaded = yaml.safe_load(handle)
+    except yaml.YAMLError as error:
+        raise ValueError(f"{path}: not valid YAML ({error})") from None
     if not isinstance(loaded, dict):
         raise ValueError(f"{path}: expected a YAML mapping at the top level, got {type(loaded).__name__}")
     return loaded

@@ -15,6 +15,7 @@ from typing import get_args
 import numpy as np
 from tqdm.auto import tqdm
 
+from vlm_rewards.config import JobConfig
 from vlm_rewards.data.episodes import (
     EpisodeDataset,
     EpisodeRecord,
@@ -38,6 +39,7 @@ def build_progress_dataset(
     seed: int,
     num_frames: int = 16,
     size: int = 56,
+    num_objects: int = 3,
     policy_mix: Mapping[str, float] = DEFAULT_POLICY_MIX,
     frame_format: FrameFormat = "npz",
     name: str | None = None,
@@ -49,14 +51,12 @@ def build_progress_dataset(
     policies = list(policy_mix)
     unknown = set(policies) - set(get_args(Policy))
     if unknown:
-        raise ValueError(
-            f"unknown policies {sorted(unknown)} in policy_mix; ShapesWorld has {get_args(Policy)}"
-        )
+        raise ValueError(f"unknown policies {sorted(unknown)} in policy_mix; ShapesWorld has {get_args(Policy)}")
     weights = np.array([policy_mix[policy] for policy in policies], dtype=np.float64)
     if np.any(weights < 0) or weights.sum() <= 0:
         raise ValueError(f"policy_mix weights must be ≥ 0 with a positive sum, got {dict(policy_mix)}")
     probabilities = weights / weights.sum()
-    world = ShapesWorld(size=size)
+    world = ShapesWorld(size=size, num_objects=num_objects)
     rng = np.random.default_rng(seed)
 
     def records() -> Iterator[EpisodeRecord]:
@@ -78,16 +78,17 @@ def build_progress_dataset(
         "seed": seed,
         "size": size,
         "num_frames": num_frames,
+        "num_objects": num_objects,
         "policy_mix": dict(policy_mix),
     }
     return write_episodes(root, records(), frame_format, name=name, generator=generator)
 
 
 def build_preference_dataset(
-    root: str | Path, *, num_pairs: int, seed: int, size: int = 56, name: str | None = None
+    root: str | Path, *, num_pairs: int, seed: int, size: int = 56, num_objects: int = 3, name: str | None = None
 ) -> PairDataset:
     """ShapesWorld image pairs: the chosen image has the prompted object nearer its region; margin = gap."""
-    world = ShapesWorld(size=size)
+    world = ShapesWorld(size=size, num_objects=num_objects)
     rng = np.random.default_rng(seed)
 
     def pairs() -> Iterator[PreferencePair]:
@@ -95,5 +96,41 @@ def build_preference_dataset(
             prompt, chosen, rejected, gap = world.preference_pair(rng)
             yield PreferencePair(pair_id=pair_id, prompt=prompt, chosen=chosen, rejected=rejected, margin=gap)
 
-    generator = {"name": "ShapesWorld.preference_pair", "seed": seed, "size": size}
+    generator = {"name": "ShapesWorld.preference_pair", "seed": seed, "size": size, "num_objects": num_objects}
     return write_pairs(root, pairs(), name=name, generator=generator)
+
+
+class SyntheticData(JobConfig):
+    """ShapesWorld data for a job that names no dataset folder: built once, reused when complete."""
+
+    num_episodes: int = 2000
+    num_pairs: int = 4000
+    num_frames: int = 16
+    frame_size: int = 56
+    num_objects: int = 3  # the named object plus distractors
+    seed: int = 0
+
+    def episodes(self, folder: Path, name: str | None = None) -> EpisodeDataset:
+        if (folder / "meta.json").exists():
+            return EpisodeDataset(folder)
+        return build_progress_dataset(
+            folder,
+            num_episodes=self.num_episodes,
+            seed=self.seed,
+            num_frames=self.num_frames,
+            size=self.frame_size,
+            num_objects=self.num_objects,
+            name=name,
+        )
+
+    def pairs(self, folder: Path, name: str | None = None) -> PairDataset:
+        if (folder / "meta.json").exists():
+            return PairDataset(folder)
+        return build_preference_dataset(
+            folder,
+            num_pairs=self.num_pairs,
+            seed=self.seed,
+            size=self.frame_size,
+            num_objects=self.num_objects,
+            name=name,
+        )

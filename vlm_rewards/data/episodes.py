@@ -74,9 +74,7 @@ class EpisodeRecord:
         validate_clip(self.frames, f"{where} frames")
         self.progress = np.asarray(self.progress, dtype=np.float32)
         if self.progress.shape != (self.num_frames,):
-            raise ValueError(
-                f"{where}: progress has shape {self.progress.shape}, expected ({self.num_frames},)"
-            )
+            raise ValueError(f"{where}: progress has shape {self.progress.shape}, expected ({self.num_frames},)")
         if not np.all((self.progress >= 0) & (self.progress <= 1)):
             raise ValueError(f"{where}: progress labels must lie in [0, 1], got {self.progress}")
         if not self.instruction.strip():
@@ -185,9 +183,7 @@ def write_episodes(
     if not seen_ids:
         raise ValueError("no episodes to write")
 
-    table = pa.table(
-        {column: np.concatenate(parts) for column, parts in columns.items()}, schema=EPISODE_SCHEMA
-    )
+    table = pa.table({column: np.concatenate(parts) for column, parts in columns.items()}, schema=EPISODE_SCHEMA)
     with atomic_path(table_path) as temporary:
         pq.write_table(table, temporary)
     meta = {
@@ -246,9 +242,7 @@ class EpisodeDataset:
         self.name: str = self.meta["name"]
         self.frame_format: FrameFormat = self.meta["frame_format"]
         if self.frame_format not in FRAME_FORMATS:
-            raise ValueError(
-                f"{self.root / 'meta.json'}: frame_format {self.frame_format!r}, expected {FRAME_FORMATS}"
-            )
+            raise ValueError(f"{self.root / 'meta.json'}: frame_format {self.frame_format!r}, expected {FRAME_FORMATS}")
         self.clip_names: list[str] = self.meta["clips"]
         self._labels = _read_episode_labels(self.root / "episodes.parquet")
 
@@ -279,9 +273,7 @@ class EpisodeDataset:
             progress=labels.progress,
             success=labels.success,
             policy=labels.policy,
-            views={
-                name.removeprefix("view."): clip for name, clip in clips.items() if name.startswith("view.")
-            },
+            views={name.removeprefix("view."): clip for name, clip in clips.items() if name.startswith("view.")},
             reference=clips.get("reference"),
         )
 
@@ -290,8 +282,7 @@ class EpisodeDataset:
         indices = np.arange(record.num_frames) if frame_indices is None else np.asarray(list(frame_indices))
         if indices.ndim != 1 or len(indices) == 0 or indices.min() < 0 or indices.max() >= record.num_frames:
             raise ValueError(
-                f"frame_indices must be a non-empty list of indices into {record.num_frames} frames, "
-                f"got {indices}"
+                f"frame_indices must be a non-empty list of indices into {record.num_frames} frames, got {indices}"
             )
         return RewardRequest(
             frames=record.frames[indices],
@@ -312,8 +303,7 @@ class EpisodeDataset:
             validate_clip(clip, where)
             if clip_name != "reference" and len(clip) != num_frames:
                 raise ValueError(
-                    f"{where}: {len(clip)} frames, but episodes.parquet has {num_frames} rows "
-                    f"for episode {episode_id}"
+                    f"{where}: {len(clip)} frames, but episodes.parquet has {num_frames} rows for episode {episode_id}"
                 )
             clips[clip_name] = clip
         return clips
@@ -345,9 +335,7 @@ def _read_episode_labels(path: Path) -> dict[int, _EpisodeLabels]:
     for start, end in zip(starts, ends):
         episode_id = int(episode_ids[start])
         if not np.array_equal(frame_indices[start:end], np.arange(end - start)):
-            raise ValueError(
-                f"{path}: episode {episode_id} frame_index must be 0..{end - start - 1}, each once"
-            )
+            raise ValueError(f"{path}: episode {episode_id} frame_index must be 0..{end - start - 1}, each once")
         for column, values in [("instruction", instructions), ("success", successes), ("policy", policies)]:
             if len(set(values[start:end])) != 1:
                 raise ValueError(f"{path}: episode {episode_id} has several values in column {column!r}")
@@ -384,9 +372,7 @@ def write_pairs(
         paths = {side: f"items/pair_{pair.pair_id:06d}_{side}.npz" for side in ("chosen", "rejected")}
         for side, relative in paths.items():
             _write_npz(root / relative, {"frames": getattr(pair, side)})
-        rows.append(
-            {"pair_id": pair.pair_id, "prompt": pair.prompt, **paths, "margin": pair.margin, "tie": pair.tie}
-        )
+        rows.append({"pair_id": pair.pair_id, "prompt": pair.prompt, **paths, "margin": pair.margin, "tie": pair.tie})
     if not rows:
         raise ValueError("no pairs to write")
 

@@ -80,9 +80,7 @@ def reversed_clip(frames: np.ndarray, progress: np.ndarray) -> tuple[np.ndarray,
     return frames[::-1].copy(), progress[::-1].copy()
 
 
-def rewound_clip(
-    frames: np.ndarray, progress: np.ndarray, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray]:
+def rewound_clip(frames: np.ndarray, progress: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """ReWiND's rewind: play forward to a random frame k, then backward for a random r steps.
 
     The clip is frames s..k then k − 1..k − r, with s = k + r + 1 − T (near the start) so that it
@@ -97,9 +95,7 @@ def rewound_clip(
     return frames[indices], progress[indices]
 
 
-def stalled_clip(
-    frames: np.ndarray, progress: np.ndarray, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray]:
+def stalled_clip(frames: np.ndarray, progress: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Hold a random frame for 2 to T // 2 extra steps, then resample the clip back to T frames.
 
     The held frame keeps its label, so progress is flat over the stall (at least two frames long

@@ -21,7 +21,7 @@ from rich.table import Table
 from tqdm.auto import tqdm
 
 from vlm_rewards.config import JobConfig
-from vlm_rewards.data.build import build_preference_dataset, build_progress_dataset
+from vlm_rewards.data.build import SyntheticData
 from vlm_rewards.data.episodes import EpisodeDataset, EpisodeRecord, PairDataset
 from vlm_rewards.data.labels import mismatched_instruction
 from vlm_rewards.evaluation.metrics import mean_voc, pairwise_accuracy, progress_mae, success_auc
@@ -31,21 +31,14 @@ from vlm_rewards.io import write_json
 from vlm_rewards.registry import build_reward
 
 
-class SyntheticEvalData(JobConfig):
-    """Held-out ShapesWorld data, built when no dataset folder is given (seed disjoint from training)."""
-
-    num_episodes: int = 64
-    num_pairs: int = 128
-    num_frames: int = 16
-    frame_size: int = 56
-    seed: int = 1000
-
-
 class EvalRMConfig(JobConfig):
     reward: str | dict[str, Any] = "goal_pixel_progress"  # reward YAML path, name in configs/rewards/, or mapping
     episodes: Path | None = None  # an episode dataset folder; None: build synthetic held-out episodes
     pairs: Path | None = None  # a pair dataset folder; None: build synthetic held-out pairs
-    synthetic: SyntheticEvalData = pydantic.Field(default_factory=SyntheticEvalData)
+    # held-out ShapesWorld data, built when no folder is given (a seed disjoint from training's)
+    synthetic: SyntheticData = pydantic.Field(
+        default_factory=lambda: SyntheticData(num_episodes=64, num_pairs=128, seed=1000)
+    )
     evaluate_pairs: bool | None = None  # None: only for preference models
     output_dir: Path = Path("outputs/eval_rm")
     batch_size: int = 16
@@ -75,7 +68,8 @@ def evaluate_progress(
     randoms = [i for i, record in enumerate(records) if record.policy == "random"]
     reversed_results = score_in_batches(reward, [_reversed(requests[i]) for i in experts], batch_size, "reversed clips")
     mismatched = [
-        replace(requests[i], text=mismatched_instruction(records[i].instruction, dataset.instructions, rng)) for i in experts
+        replace(requests[i], text=mismatched_instruction(records[i].instruction, dataset.instructions, rng))
+        for i in experts
     ]
     mismatched_results = score_in_batches(reward, mismatched, batch_size, "mismatched instructions")
     matched_rewards = np.array([results[i].reward for i in experts])
@@ -100,7 +94,7 @@ def evaluate_progress(
     return metrics, curves
 
 
-def evaluate_pairs(reward: RewardModel, pairs: PairDataset, batch_size: int) -> dict[str, float]:
+def evaluate_pair_dataset(reward: RewardModel, pairs: PairDataset, batch_size: int) -> dict[str, float]:
     chosen, rejected = zip(*(pairs.to_requests(pair) for pair in pairs))
     probabilities = np.concatenate(
         [
@@ -118,18 +112,16 @@ def evaluate_pairs(reward: RewardModel, pairs: PairDataset, batch_size: int) -> 
 def run_eval(config: EvalRMConfig, console: Console | None = None, reward: RewardModel | None = None) -> dict:
     console = console or Console()
     reward = reward or build_reward(config.reward)
-    if config.evaluate_pairs is None:
-        config = config.model_copy(update={"evaluate_pairs": reward.spec.output == "preference"})
-    episodes, pairs = _datasets(config)
+    evaluate_pairs = reward.spec.output == "preference" if config.evaluate_pairs is None else config.evaluate_pairs
     rng = np.random.default_rng(config.seed)
     metrics: dict[str, Any] = {"reward": reward.spec.name, "version": reward.spec.version}
     if reward.spec.output != "preference":
-        progress_metrics, curves = evaluate_progress(reward, episodes, config.batch_size, rng)
+        progress_metrics, curves = evaluate_progress(reward, _episodes(config), config.batch_size, rng)
         metrics |= progress_metrics
         experts_first = sorted(curves, key=lambda curve: not curve["title"].startswith("expert"))
         plot_progress_curves(config.output_dir / "progress_curves.png", experts_first, config.max_curves)
-    if pairs is not None:
-        metrics |= evaluate_pairs(reward, pairs, config.batch_size)
+    if evaluate_pairs:
+        metrics |= evaluate_pair_dataset(reward, _pairs(config), config.batch_size)
     write_json(config.output_dir / "metrics.json", metrics)
     console.print(metrics_table(metrics))
     console.print(f"wrote {config.output_dir / 'metrics.json'}")
@@ -144,32 +136,16 @@ def metrics_table(metrics: dict[str, Any]) -> Table:
     return table
 
 
-def _datasets(config: EvalRMConfig) -> tuple[EpisodeDataset, PairDataset | None]:
-    data_dir = config.output_dir / "data"
-    synthetic = config.synthetic
+def _episodes(config: EvalRMConfig) -> EpisodeDataset:
     if config.episodes is not None:
-        episodes = EpisodeDataset(config.episodes)
-    elif (data_dir / "episodes" / "meta.json").exists():
-        episodes = EpisodeDataset(data_dir / "episodes")
-    else:
-        episodes = build_progress_dataset(
-            data_dir / "episodes",
-            num_episodes=synthetic.num_episodes,
-            seed=synthetic.seed,
-            num_frames=synthetic.num_frames,
-            size=synthetic.frame_size,
-            name="shapes-heldout",
-        )
-    if not config.evaluate_pairs:
-        return episodes, None
+        return EpisodeDataset(config.episodes)
+    return config.synthetic.episodes(config.output_dir / "data" / "episodes", name="shapes-heldout")
+
+
+def _pairs(config: EvalRMConfig) -> PairDataset:
     if config.pairs is not None:
-        return episodes, PairDataset(config.pairs)
-    if (data_dir / "pairs" / "meta.json").exists():
-        return episodes, PairDataset(data_dir / "pairs")
-    pairs = build_preference_dataset(
-        data_dir / "pairs", num_pairs=synthetic.num_pairs, seed=synthetic.seed, size=synthetic.frame_size
-    )
-    return episodes, pairs
+        return PairDataset(config.pairs)
+    return config.synthetic.pairs(config.output_dir / "data" / "pairs", name="shapes-heldout-pairs")
 
 
 def _is_expert(record: EpisodeRecord) -> bool:

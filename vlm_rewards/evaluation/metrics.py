@@ -32,9 +32,7 @@ def mean_voc(episodes: Sequence[np.ndarray]) -> float:
     return float(np.mean([voc(values) for values in episodes]))
 
 
-def pairwise_accuracy(
-    p_first_better: np.ndarray, first_is_better: np.ndarray, tie: np.ndarray | None = None
-) -> float:
+def pairwise_accuracy(p_first_better: np.ndarray, first_is_better: np.ndarray, tie: np.ndarray | None = None) -> float:
     """Fraction of pairs where the model prefers the better item.
 
     p_first_better: the model's P(first > second) per pair; exactly 0.5 is a predicted tie and earns
@@ -47,8 +45,7 @@ def pairwise_accuracy(
     keep = np.ones(len(first_is_better), bool) if tie is None else ~np.asarray(tie, dtype=bool)
     if not (p_first_better.shape == first_is_better.shape == keep.shape) or p_first_better.ndim != 1:
         raise ValueError(
-            "expected three (N,) arrays, got shapes "
-            f"{p_first_better.shape}, {first_is_better.shape}, {keep.shape}"
+            f"expected three (N,) arrays, got shapes {p_first_better.shape}, {first_is_better.shape}, {keep.shape}"
         )
     if np.isnan(p_first_better).any():
         raise ValueError("p_first_better contains NaN; drop or fill pairs the model could not judge")

@@ -33,9 +33,7 @@ DType = Literal["float32", "float16", "bfloat16"]
 TEXT_CACHE_SIZE = 10_000  # request texts kept; bounded so that GRPO runs over many prompts do not grow
 
 
-def goal_baseline_reward(
-    images: np.ndarray, goal: np.ndarray, baseline: np.ndarray, alpha: float
-) -> np.ndarray:
+def goal_baseline_reward(images: np.ndarray, goal: np.ndarray, baseline: np.ndarray, alpha: float) -> np.ndarray:
     """r = 1 − ½‖(x − g)P‖² for each row x of `images` (N, D); goal and baseline are (D,) vectors."""
     offset = images - goal
     if alpha == 0.0:  # the baseline plays no part, so it may coincide with the goal
@@ -143,18 +141,13 @@ class ClipGoalReward(BaseReward):
                 raise ValueError(f"requests[{index}].text {request.text!r}: {error}") from None
             similarity = float(frames[-1] @ goals[index] / np.linalg.norm(goals[index]))
             results.append(
-                RewardResult(
-                    reward=float(progress[-1]), progress=progress, aux={"goal_similarity": similarity}
-                )
+                RewardResult(reward=float(progress[-1]), progress=progress, aux={"goal_similarity": similarity})
             )
         return results
 
     def embed_images(self, frames: list[np.ndarray]) -> np.ndarray:
         """(N, D) float64 unit-norm embeddings of N (H, W, 3) uint8 frames, `batch_size` at a time."""
-        chunks = [
-            self._encode_images(frames[i : i + self.batch_size])
-            for i in range(0, len(frames), self.batch_size)
-        ]
+        chunks = [self._encode_images(frames[i : i + self.batch_size]) for i in range(0, len(frames), self.batch_size)]
         return np.concatenate(chunks)
 
     def goal_embeddings(self, texts: list[str]) -> np.ndarray:

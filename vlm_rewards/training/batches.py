@@ -70,6 +70,9 @@ class ProgressBatches:
             indices, labels = rewound_clip(indices, record.progress, rng)
         elif draw < augment.reverse + augment.rewind + augment.stall:
             indices, labels = stalled_clip(indices, record.progress, rng)
+        elif draw < augment.reverse + augment.rewind + augment.stall + augment.subsample:
+            indices = np.sort(rng.choice(record.num_frames, size=rng.integers(1, record.num_frames + 1), replace=False))
+            labels = record.progress[indices]
         else:
             labels = record.progress
         return self.dataset.to_request(record, indices), np.asarray(labels, dtype=np.float32)

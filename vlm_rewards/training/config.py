@@ -8,6 +8,7 @@ from typing import Literal
 import pydantic
 
 from vlm_rewards.config import JobConfig
+from vlm_rewards.data.build import SyntheticData
 from vlm_rewards.models.backbones import FAMILIES
 from vlm_rewards.models.reward_model import RewardModelConfig
 
@@ -46,16 +47,6 @@ class ModelSettings(JobConfig):
     attn_implementation: str | None = None  # None: transformers' default (sdpa)
 
 
-class SyntheticData(JobConfig):
-    """ShapesWorld data built into <output_dir>/data when no dataset folder is given."""
-
-    num_episodes: int = 2000
-    num_pairs: int = 4000
-    num_frames: int = 16
-    frame_size: int = 56
-    seed: int = 0
-
-
 class Augment(JobConfig):
     """Per-sample probabilities of the synthetic negatives (progress RM only)."""
 
@@ -63,6 +54,7 @@ class Augment(JobConfig):
     reverse: float = 0.1  # frames reversed, labels follow the frames
     rewind: float = 0.15  # forward then backward (ReWiND), labels follow the frames
     stall: float = 0.1  # a held frame resampled back to T, labels flat there
+    subsample: float = 0.0  # a random ordered subset of 1..T frames: position in the clip stops telling time
 
 
 class DataSettings(JobConfig):

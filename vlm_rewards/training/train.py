@@ -23,16 +23,16 @@ from rich.console import Console
 from tqdm.auto import tqdm
 from transformers import get_cosine_schedule_with_warmup
 
-from vlm_rewards.data.build import build_preference_dataset, build_progress_dataset
+from vlm_rewards.data.build import SyntheticData
 from vlm_rewards.data.episodes import EpisodeDataset, PairDataset
-from vlm_rewards.evaluation.evaluate import evaluate_pairs, evaluate_progress
+from vlm_rewards.evaluation.evaluate import evaluate_pair_dataset, evaluate_progress
 from vlm_rewards.evaluation.plots import plot_progress_curves, plot_training_curves
 from vlm_rewards.io import write_json
 from vlm_rewards.models.backbones import build_tiny_backbone
 from vlm_rewards.models.heads import bradley_terry_loss
 from vlm_rewards.models.reward_model import VLMReward, VLMRewardModel
 from vlm_rewards.training.batches import PreferenceBatches, ProgressBatch, ProgressBatches
-from vlm_rewards.training.config import SyntheticData, TrainRMConfig
+from vlm_rewards.training.config import TrainRMConfig
 
 CHECKPOINT_PATTERN = re.compile(r"^step_(\d+)$")
 
@@ -133,7 +133,7 @@ def _evaluate(accelerator, model, eval_data, config: TrainRMConfig, history, ste
             reward, eval_data, config.optim.batch_size, np.random.default_rng(config.seed)
         )
     else:
-        metrics, curves = evaluate_pairs(reward, eval_data, config.optim.batch_size), []
+        metrics, curves = evaluate_pair_dataset(reward, eval_data, config.optim.batch_size), []
     unwrapped.train()
     numeric = {f"eval/{k}": float(v) for k, v in metrics.items() if isinstance(v, int | float)}
     accelerator.log(numeric, step=step)
@@ -183,22 +183,9 @@ def _datasets(config: TrainRMConfig) -> tuple[Any, Any]:
 
 
 def _dataset(task: str, given: Path | None, synthetic_dir: Path, synthetic: SyntheticData):
-    reader = EpisodeDataset if task == "progress" else PairDataset
     if given is not None:
-        return reader(given)
-    if (synthetic_dir / "meta.json").exists():
-        return reader(synthetic_dir)
-    if task == "progress":
-        return build_progress_dataset(
-            synthetic_dir,
-            num_episodes=synthetic.num_episodes,
-            seed=synthetic.seed,
-            num_frames=synthetic.num_frames,
-            size=synthetic.frame_size,
-        )
-    return build_preference_dataset(
-        synthetic_dir, num_pairs=synthetic.num_pairs, seed=synthetic.seed, size=synthetic.frame_size
-    )
+        return EpisodeDataset(given) if task == "progress" else PairDataset(given)
+    return synthetic.episodes(synthetic_dir) if task == "progress" else synthetic.pairs(synthetic_dir)
 
 
 def _mixed_precision(setting: str) -> str:

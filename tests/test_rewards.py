@@ -162,4 +162,4 @@ def test_every_shipped_reward_config_builds():
         assert build_reward(path).spec.name
 
 
-CONFIGS_NEEDING_WEIGHTS = {"clip_goal", "qwen_progress", "qwen_preference", "vlm_judge", "gvl_progress"}
+CONFIGS_NEEDING_WEIGHTS = {"clip_goal", "progress_tiny", "preference_tiny", "vlm_judge", "gvl_progress"}

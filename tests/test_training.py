@@ -107,8 +107,9 @@ def test_preference_rm_learns_from_scratch(tmp_path):
 @pytest.mark.slow
 def test_progress_rm_learns_to_read_the_frames(tmp_path):
     """Reduced examples/train_from_scratch.sh: a short preference stage, then a short progress stage on
-    its backbone. Above chance means the frames are read: reversed expert clips score lower VOC than
-    the expert clips, and the same clip with another episode's instruction scores lower."""
+    its backbone. Above chance means the frames are read: a model blind to them (instruction and frame
+    position only) gives reversed clips the same VOC as the expert clips. Instruction use shows up only
+    later in training (docs/benchmarks.md), so this reduced run does not assert it."""
     stage_one = [f"output_dir={tmp_path / 'preference'}", "optim.steps=500", "eval_every=1000"]
     stage_one += ["data.synthetic_train.num_pairs=2000", "data.synthetic_eval.num_pairs=32"]
     run_training(load_job_config(TrainRMConfig, "configs/train_rm/preference_tiny.yaml", stage_one))
@@ -117,4 +118,3 @@ def test_progress_rm_learns_to_read_the_frames(tmp_path):
     stage_two += ["data.synthetic_eval.num_episodes=48"]
     metrics = run_training(load_job_config(TrainRMConfig, "configs/train_rm/progress_tiny.yaml", stage_two))
     assert metrics["voc_expert"] - metrics["voc_reversed"] > 0.3
-    assert metrics["reward_matched_instruction"] > metrics["reward_mismatched_instruction"]

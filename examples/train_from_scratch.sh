@@ -9,7 +9,8 @@ VLMR=${VLMR:-.venv/bin/vlmr}
 $VLMR train-rm configs/train_rm/preference_tiny.yaml output_dir=runs/preference_tiny
 $VLMR eval-rm configs/eval_rm/preference_tiny.yaml
 
-# Progress RM: instruction + clip -> per-frame progress (one forward pass per clip).
+# Progress RM: instruction + clip -> per-frame progress (one forward pass per clip), starting from the
+# preference RM's backbone (~14 min on 2 cores).
 $VLMR train-rm configs/train_rm/progress_tiny.yaml output_dir=runs/progress_tiny
 $VLMR eval-rm configs/eval_rm/progress_tiny.yaml
 

@@ -5,7 +5,7 @@
 set -euo pipefail
 VLMR=${VLMR:-.venv/bin/vlmr}
 
-# Preference RM: prompt + image -> scalar, Bradley–Terry on pairs (~6 min on 2 cores).
+# Preference RM: prompt + image -> scalar, Bradley–Terry on pairs (~12 min on 2 cores).
 $VLMR train-rm configs/train_rm/preference_tiny.yaml output_dir=runs/preference_tiny
 $VLMR eval-rm configs/eval_rm/preference_tiny.yaml
 

@@ -49,10 +49,9 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> dict[str, li
     console.print(f"[bold]reward[/] {reward.spec.name} (version {reward.spec.version}, output {reward.spec.output})")
     results = {policy: reward.score(batch) for policy, batch in synthetic_requests(config).items()}
     console.print(summary_table(results))
-    config.output_dir.mkdir(parents=True, exist_ok=True)
-    plot_path = plot_rewards(
-        results, config.output_dir / "rewards_by_policy.png", f"{reward.spec.name}: reward per policy"
-    )
+    plot_path = config.output_dir / "rewards_by_policy.png"
+    rewards_by_policy = {policy: [r.reward for r in policy_results] for policy, policy_results in results.items()}
+    plot_reward_distributions(plot_path, rewards_by_policy, f"{reward.spec.name}: reward per policy")
     console.print(f"plot: {plot_path}")
     return results
 
@@ -67,8 +66,3 @@ def summary_table(results: dict[str, list[RewardResult]]) -> Table:
         aux_means = [f"{np.mean([r.aux.get(k, np.nan) for r in policy_results]):.3f}" for k in aux_keys]
         table.add_row(policy, f"{rewards.mean():.3f}", f"{rewards.std():.3f}", *aux_means)
     return table
-
-
-def plot_rewards(results: dict[str, list[RewardResult]], path: Path, title: str) -> Path:
-    plot_reward_distributions(path, {policy: [r.reward for r in rs] for policy, rs in results.items()}, title)
-    return path

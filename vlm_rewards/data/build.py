@@ -134,3 +134,15 @@ class SyntheticData(JobConfig):
             num_objects=self.num_objects,
             name=name,
         )
+
+
+def open_episodes(
+    given: Path | None, synthetic: SyntheticData, folder: Path, name: str | None = None
+) -> EpisodeDataset:
+    """The episode folder a job names, else `synthetic` episodes built into (or reused from) `folder`."""
+    return EpisodeDataset(given) if given is not None else synthetic.episodes(folder, name)
+
+
+def open_pairs(given: Path | None, synthetic: SyntheticData, folder: Path, name: str | None = None) -> PairDataset:
+    """The pair folder a job names, else `synthetic` pairs built into (or reused from) `folder`."""
+    return PairDataset(given) if given is not None else synthetic.pairs(folder, name)

@@ -21,7 +21,7 @@ from rich.table import Table
 from tqdm.auto import tqdm
 
 from vlm_rewards.config import JobConfig
-from vlm_rewards.data.build import SyntheticData
+from vlm_rewards.data.build import SyntheticData, open_episodes, open_pairs
 from vlm_rewards.data.episodes import EpisodeDataset, EpisodeRecord, PairDataset
 from vlm_rewards.data.labels import mismatched_instruction
 from vlm_rewards.evaluation.metrics import mean_voc, pairwise_accuracy, progress_mae, success_auc
@@ -66,10 +66,11 @@ def evaluate_progress(
         raise ValueError(f"{reward.spec.name} returns no per-frame progress; progress metrics need it")
     experts = [i for i, record in enumerate(records) if _is_expert(record)]
     randoms = [i for i, record in enumerate(records) if record.policy == "random"]
-    reversed_results = score_in_batches(reward, [_reversed(requests[i]) for i in experts], batch_size, "reversed clips")
+    reversed_clips = [dataset.to_request(records[i], range(records[i].num_frames - 1, -1, -1)) for i in experts]
+    reversed_results = score_in_batches(reward, reversed_clips, batch_size, "reversed clips")
+    instructions = dataset.instructions
     mismatched = [
-        replace(requests[i], text=mismatched_instruction(records[i].instruction, dataset.instructions, rng))
-        for i in experts
+        replace(requests[i], text=mismatched_instruction(records[i].instruction, instructions, rng)) for i in experts
     ]
     mismatched_results = score_in_batches(reward, mismatched, batch_size, "mismatched instructions")
     matched_rewards = np.array([results[i].reward for i in experts])
@@ -116,12 +117,21 @@ def run_eval(config: EvalRMConfig, console: Console | None = None, reward: Rewar
     rng = np.random.default_rng(config.seed)
     metrics: dict[str, Any] = {"reward": reward.spec.name, "version": reward.spec.version}
     if reward.spec.output != "preference":
-        progress_metrics, curves = evaluate_progress(reward, _episodes(config), config.batch_size, rng)
+        progress_metrics, curves = evaluate_progress(
+            reward,
+            open_episodes(config.episodes, config.synthetic, config.output_dir / "data" / "episodes", "shapes-heldout"),
+            config.batch_size,
+            rng,
+        )
         metrics |= progress_metrics
         experts_first = sorted(curves, key=lambda curve: not curve["title"].startswith("expert"))
         plot_progress_curves(config.output_dir / "progress_curves.png", experts_first, config.max_curves)
     if evaluate_pairs:
-        metrics |= evaluate_pair_dataset(reward, _pairs(config), config.batch_size)
+        metrics |= evaluate_pair_dataset(
+            reward,
+            open_pairs(config.pairs, config.synthetic, config.output_dir / "data" / "pairs", "shapes-heldout-pairs"),
+            config.batch_size,
+        )
     write_json(config.output_dir / "metrics.json", metrics)
     console.print(metrics_table(metrics))
     console.print(f"wrote {config.output_dir / 'metrics.json'}")
@@ -136,35 +146,19 @@ def metrics_table(metrics: dict[str, Any]) -> Table:
     return table
 
 
-def _episodes(config: EvalRMConfig) -> EpisodeDataset:
-    if config.episodes is not None:
-        return EpisodeDataset(config.episodes)
-    return config.synthetic.episodes(config.output_dir / "data" / "episodes", name="shapes-heldout")
-
-
-def _pairs(config: EvalRMConfig) -> PairDataset:
-    if config.pairs is not None:
-        return PairDataset(config.pairs)
-    return config.synthetic.pairs(config.output_dir / "data" / "pairs", name="shapes-heldout-pairs")
-
-
 def _is_expert(record: EpisodeRecord) -> bool:
     return record.policy == "expert" if record.policy is not None else record.success
 
 
-def _reversed(request: RewardRequest) -> RewardRequest:
-    views = {name: view[::-1] for name, view in request.views.items()}
-    return replace(request, frames=request.frames[::-1], views=views)
-
-
 def frame_pair_accuracy(predicted: Sequence[np.ndarray], labels: Sequence[np.ndarray], min_gap: float = 0.1) -> float:
     """Within each episode, how often two frames whose labels differ by ≥ min_gap are ordered right."""
-    correct, total = 0.0, 0
+    predicted_gaps, label_gaps = [], []
     for values, label in zip(predicted, labels):
-        later, earlier = np.triu_indices(len(label), k=1)
+        earlier, later = np.triu_indices(len(label), k=1)
         label_gap = label[later] - label[earlier]
         keep = np.abs(label_gap) >= min_gap
-        predicted_gap = values[later][keep] - values[earlier][keep]
-        correct += float(np.where(predicted_gap == 0, 0.5, np.sign(predicted_gap) == np.sign(label_gap[keep])).sum())
-        total += int(keep.sum())
-    return correct / total if total else float("nan")
+        predicted_gaps.append(values[later][keep] - values[earlier][keep])
+        label_gaps.append(label_gap[keep])
+    # P(later frame ahead) is 1, 0, or 0.5 for a predicted tie, which pairwise_accuracy gives half credit
+    p_later_ahead = 0.5 + 0.5 * np.sign(np.concatenate(predicted_gaps))
+    return pairwise_accuracy(p_later_ahead, np.concatenate(label_gaps) > 0)

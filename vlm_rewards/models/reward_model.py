@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
@@ -70,7 +71,7 @@ class VLMRewardModel(nn.Module):
 
     def encode(self, requests: list[RewardRequest]) -> ClipBatch:
         if not self.config.use_reference:
-            requests = [RewardRequest(r.frames, r.text, None, r.views, r.key) for r in requests]
+            requests = [replace(request, reference=None) for request in requests]
         return self.builder.build(requests).to(self.device)
 
     def forward(self, batch: ClipBatch) -> torch.Tensor:

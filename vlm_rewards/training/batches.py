@@ -6,7 +6,7 @@ sampler state to save, and every data-parallel rank draws its own samples.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -55,11 +55,10 @@ class ProgressBatches:
 
     def _sample(self, episode_id: int, rng: np.random.Generator) -> tuple[RewardRequest, np.ndarray]:
         record = self.dataset[episode_id]
-        request = self.dataset.to_request(record)
         augment, draw = self.augment, rng.random()
         if draw < augment.mismatch:
             text = mismatched_instruction(record.instruction, self.instructions, rng)
-            return RewardRequest(request.frames, text, request.reference, request.views), np.zeros(record.num_frames)
+            return replace(self.dataset.to_request(record), text=text), np.zeros(record.num_frames)
         # The label functions only index along time, so running them on frame indices gives one
         # order to apply to the main frames and every extra view alike.
         indices = np.arange(record.num_frames)

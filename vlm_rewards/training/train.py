@@ -23,8 +23,7 @@ from rich.console import Console
 from tqdm.auto import tqdm
 from transformers import get_cosine_schedule_with_warmup
 
-from vlm_rewards.data.build import SyntheticData
-from vlm_rewards.data.episodes import EpisodeDataset, PairDataset
+from vlm_rewards.data.build import SyntheticData, open_episodes, open_pairs
 from vlm_rewards.evaluation.evaluate import evaluate_pair_dataset, evaluate_progress
 from vlm_rewards.evaluation.plots import plot_progress_curves, plot_training_curves
 from vlm_rewards.io import write_json
@@ -183,9 +182,7 @@ def _datasets(config: TrainRMConfig) -> tuple[Any, Any]:
 
 
 def _dataset(task: str, given: Path | None, synthetic_dir: Path, synthetic: SyntheticData):
-    if given is not None:
-        return EpisodeDataset(given) if task == "progress" else PairDataset(given)
-    return synthetic.episodes(synthetic_dir) if task == "progress" else synthetic.pairs(synthetic_dir)
+    return (open_episodes if task == "progress" else open_pairs)(given, synthetic, synthetic_dir)
 
 
 def _mixed_precision(setting: str) -> str:

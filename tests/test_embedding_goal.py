@@ -18,7 +18,7 @@ from transformers import (
 )
 
 from vlm_rewards.interface import RewardRequest
-from vlm_rewards.models.embedding import ClipGoalReward, goal_baseline_reward
+from vlm_rewards.models.embedding import EmbeddingGoalReward, goal_baseline_reward
 from vlm_rewards.registry import REWARDS_DIR, build_reward
 
 GOAL = "the drawer is open"
@@ -93,8 +93,8 @@ def model_folder(request, clip_folder, tmp_path_factory) -> Path:
     return clip_folder if request.param == "clip" else _save_tiny_siglip(tmp_path_factory.mktemp("siglip"))
 
 
-def _build(folder: Path, **params) -> ClipGoalReward:
-    config = {"kind": "clip_goal", "model": str(folder), "baseline_prompts": [BASELINE], **params}
+def _build(folder: Path, **params) -> EmbeddingGoalReward:
+    config = {"kind": "embedding_goal", "model": str(folder), "baseline_prompts": [BASELINE], **params}
     return build_reward(config)
 
 
@@ -171,8 +171,8 @@ def test_scores_clips_of_one_and_four_frames(model_folder):
     for result in results:
         assert np.all(np.isfinite(result.progress)) and np.all((low <= result.progress) & (result.progress <= high))
         assert result.reward == result.progress[-1]
-        assert -1.0 <= result.aux["goal_similarity"] <= 1.0
-    assert reward.spec.output == "progress" and reward.spec.frame_size is None
+        assert -1.0 <= result.info["goal_similarity"] <= 1.0
+    assert reward.spec.dense and reward.spec.frame_size is None
 
 
 def test_alpha_zero_is_the_models_cosine_similarity(clip_folder):
@@ -185,7 +185,7 @@ def test_alpha_zero_is_the_models_cosine_similarity(clip_folder):
     cosine = torch.nn.functional.cosine_similarity(images, goal).numpy()
     result = reward.score([RewardRequest(frames, GOAL)])[0]
     np.testing.assert_allclose(result.progress, cosine, atol=1e-5)
-    assert result.aux["goal_similarity"] == pytest.approx(cosine[-1], abs=1e-5)
+    assert result.info["goal_similarity"] == pytest.approx(cosine[-1], abs=1e-5)
 
 
 def test_same_frame_scores_the_same_alone_and_in_a_batch(model_folder):
@@ -253,7 +253,7 @@ def test_version_tracks_model_alpha_and_prompts(clip_folder):
 
 
 def test_shipped_config_shows_every_parameter():
-    config = yaml.safe_load((REWARDS_DIR / "clip_goal.yaml").read_text())
-    assert config.pop("kind") == "clip_goal"
-    assert set(config) == set(ClipGoalReward.Params.model_fields)
-    ClipGoalReward.Params.model_validate(config)
+    config = yaml.safe_load((REWARDS_DIR / "embedding_goal.yaml").read_text())
+    assert config.pop("kind") == "embedding_goal"
+    assert set(config) == set(EmbeddingGoalReward.Params.model_fields)
+    EmbeddingGoalReward.Params.model_validate(config)

@@ -1,3 +1,7 @@
+import asyncio
+import json
+import math
+
 import numpy as np
 import pytest
 
@@ -38,6 +42,11 @@ def test_prefer_is_bradley_terry_on_scores(reward):
     assert p[0] > 0.5 > p[1]
 
 
+def test_ascore_equals_score(reward):
+    requests = [RewardRequest(clip(value=v), "t") for v in (0, 100, 255)]
+    assert asyncio.run(reward.ascore(requests)) == reward.score(requests)
+
+
 @pytest.mark.parametrize(
     "request_kwargs, message",
     [
@@ -52,6 +61,10 @@ def test_prefer_is_bradley_terry_on_scores(reward):
         (dict(frames=clip(), text="  "), r"requests\[0\].text: expected a non-empty"),
         (dict(frames=clip(), text="t", reference=np.zeros((1, 8, 8), np.uint8)), r"reference: expected shape"),
         (dict(frames=clip(t=2), text="t", views={"wrist": clip(t=3)}), r"views\['wrist'\]: 3 frames, expected 2"),
+        (dict(frames=clip(), text="t", views=None), r"views: expected a mapping"),
+        (dict(frames=clip(t=2), text="t", frame_index=np.array([3, 1])), r"frame_index: expected 2 strictly"),
+        (dict(frames=clip(t=2), text="t", frame_index=np.array([0, 1, 2])), r"frame_index: expected 2 strictly"),
+        (dict(frames=clip(t=2), text="t", frame_index=np.array([0.0, 1.0])), r"frame_index: expected 2 strictly"),
     ],
 )
 def test_bad_requests_name_the_field(reward, request_kwargs, message):
@@ -70,24 +83,118 @@ def test_bad_batches(reward):
         reward.prefer([RewardRequest(clip(), "t")], [RewardRequest(clip(), "t")] * 2)
 
 
-class Limited(BaseReward):
-    spec = RewardSpec("limited", "v1", "scalar", (0.0, 1.0), frame_size=(4, 16), max_frames=3)
+class Fixed(BaseReward):
+    """Returns whatever result it is given, to test result validation."""
+
+    def __init__(self, result: RewardResult, **spec):
+        self.result = result
+        self.spec = RewardSpec(**{"name": "fixed", "version": "v1", "value_range": (0.0, 1.0), **spec})
 
     def _score(self, requests):
-        return [RewardResult(reward=float("nan")) for _ in requests]
+        return [self.result for _ in requests]
 
 
 def test_spec_limits_are_enforced():
-    model = Limited()
-    with pytest.raises(ValueError, match="clip of 4 frames; limited takes at most 3"):
+    model = Fixed(RewardResult(0.5), frame_size=(4, 16), max_frames=3, max_text_length=10)
+    with pytest.raises(ValueError, match="clip of 4 frames; fixed takes at most 3"):
         model.score([RewardRequest(clip(t=4), "t")])
-    with pytest.raises(ValueError, match="frames of size 2x2; limited expects sides between 4 and 16"):
+    with pytest.raises(ValueError, match="frames of size 2x2; fixed expects sides between 4 and 16"):
         model.score([RewardRequest(clip(h=2, w=2), "t")])
+    with pytest.raises(ValueError, match=r"text: 11 characters; fixed takes at most 10"):
+        model.score([RewardRequest(clip(), "x" * 11)])
 
 
-def test_nan_reward_without_error_is_rejected():
-    with pytest.raises(ValueError, match=r"result\[0\].reward is nan; a non-finite reward needs aux\['error'\]"):
-        Limited().score([RewardRequest(clip(), "t")])
+def test_requirements_are_refused_at_the_boundary():
+    model = Fixed(RewardResult(0.5), requires=("reference", "view:wrist"))
+    with pytest.raises(ValueError, match=r"requests\[0\].reference: fixed needs reference/goal frames, got None"):
+        model.score([RewardRequest(clip(), "t", views={"wrist": clip()})])
+    with pytest.raises(ValueError, match=r"requests\[0\].views: fixed needs the camera view 'wrist'"):
+        model.score([RewardRequest(clip(), "t", reference=clip(t=1))])
+    with pytest.raises(ValueError, match="requires entry 'goal'"):
+        RewardSpec("bad", "v", requires=("goal",))
+
+
+@pytest.mark.parametrize(
+    "result, spec, message",
+    [
+        (RewardResult(math.nan), {}, "NaN in reward/progress/components needs an error"),
+        (RewardResult(math.inf, error="x"), {}, "infinite values"),
+        (RewardResult(1.5), {}, r"values 1.5..1.5 outside the spec's value range \[0.0, 1.0\]"),
+        (RewardResult(0.5), {"dense": True}, r"progress: fixed is dense; expected shape \(2,\), got None"),
+        (RewardResult(0.5, progress=np.zeros(3)), {"dense": True}, r"expected shape \(2,\), got \(3,\)"),
+        (RewardResult(0.5, progress=np.array([0.1, 2.0])), {"dense": True}, "outside the spec's value range"),
+        (RewardResult(0.5, progress=np.array([0.1, np.nan])), {"dense": True}, "NaN .* needs an error"),
+        (RewardResult(0.5, progress=np.zeros(2)), {}, "fixed is not dense; expected None"),
+        (RewardResult(0.5, components={"b": 0.1}), {"components": ("a",)}, r"components: names \['b'\]"),
+        (RewardResult(0.5, components={"a": math.nan}), {"components": ("a",)}, "needs an error"),
+        (RewardResult(0.5, info={"object": object()}), {}, "info: not JSON-safe"),
+        (RewardResult("0.5"), {}, "reward: expected a float"),
+    ],
+)
+def test_results_are_validated(result, spec, message):
+    with pytest.raises(ValueError, match=message):
+        Fixed(result, **spec).score([RewardRequest(clip(), "t")])
+
+
+def test_nan_with_an_error_is_accepted():
+    (result,) = Fixed(RewardResult(math.nan, error="unparsed")).score([RewardRequest(clip(), "t")])
+    assert math.isnan(result.reward) and not result.ok
+
+
+def test_results_and_specs_round_trip_through_json():
+    result = RewardResult(
+        reward=math.nan,
+        progress=np.array([0.25, np.nan]),
+        components={"a": 1.0, "b": math.nan},
+        info={"answer": "Frame 1: 25%", "logits": np.array([1.5, -2.0]), "order": (1, 0)},
+        error="frame 2 unparsed",
+    )
+    text = json.dumps(result.to_json(), allow_nan=False)
+    back = RewardResult.from_json(json.loads(text))
+    assert math.isnan(back.reward) and back.error == result.error
+    np.testing.assert_array_equal(back.progress, result.progress)
+    assert list(back.components) == ["a", "b"] and math.isnan(back.components["b"])
+    assert back.info == {"answer": "Frame 1: 25%", "logits": [1.5, -2.0], "order": [1, 0]}
+
+    spec = RewardSpec("s", "v", (-math.inf, 0.0), dense=True, causal=True, requires=("reference",), max_frames=8)
+    spec_text = json.dumps(spec.to_json(), allow_nan=False)
+    assert RewardSpec.from_json(json.loads(spec_text)) == spec
+
+
+def test_causal_needs_dense():
+    with pytest.raises(ValueError, match="causal=True needs dense=True"):
+        RewardSpec("s", "v", causal=True)
+
+
+def test_rescoring_session_equals_scoring_prefixes():
+    def mean_per_frame(request):
+        values = request.frames.mean(axis=(1, 2, 3)) / 255
+        return RewardResult(reward=float(values[-1]), progress=values)
+
+    dense = FunctionReward(mean_per_frame, value_range=(0.0, 1.0), dense=True, causal=True)
+    frames = [np.stack([np.full((4, 4, 3), v, np.uint8) for v in values]) for values in ([0, 51, 255], [10, 20])]
+    with dense.open_session(["a", "b"]) as session:
+        first = session.append([frames[0][:2], frames[1][:1]])
+        second = session.append([frames[0][2:], frames[1][1:]])
+        assert session.num_frames == [3, 2]
+        session.reset(1, "b")
+        assert session.num_frames == [3, 0]
+    np.testing.assert_allclose(np.concatenate([first[0], second[0]]), [0.0, 0.2, 1.0])
+    np.testing.assert_allclose(np.concatenate([first[1], second[1]]), [10 / 255, 20 / 255])
+
+    scalar = FunctionReward(brightness, value_range=(0.0, 1.0))
+    with scalar.open_session(["a"]) as session:
+        (values,) = session.append([frames[0]])
+    np.testing.assert_allclose(values, [0.0, 0.2, 1.0])  # the reward of each prefix
+
+
+def test_session_refuses_mismatched_appends(reward):
+    with reward.open_session(["a", "b"]) as session:
+        with pytest.raises(ValueError, match="1 frame arrays and 1 view dicts for 2 streams"):
+            session.append([clip()])
+        session.append([clip(), clip()])
+        with pytest.raises(ValueError, match=r"frames\[1\]: frames of shape \(4, 4, 3\), the stream began with"):
+            session.append([clip(), clip(h=4, w=4)])
 
 
 def test_function_reward_may_return_results_with_progress():
@@ -96,5 +203,5 @@ def test_function_reward_may_return_results_with_progress():
         return RewardResult(reward=float(values[-1]), progress=values)
 
     frames = np.stack([np.full((4, 4, 3), v, np.uint8) for v in (0, 51, 255)])
-    (result,) = FunctionReward(per_frame).score([RewardRequest(frames, "t")])
+    (result,) = FunctionReward(per_frame, dense=True).score([RewardRequest(frames, "t")])
     np.testing.assert_allclose(result.progress, [0.0, 0.2, 1.0])

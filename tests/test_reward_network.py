@@ -6,7 +6,7 @@ import torch
 
 from vlm_rewards.interface import RewardModel, RewardRequest
 from vlm_rewards.models.backbones import build_tiny_backbone
-from vlm_rewards.models.reward_model import CONFIG_FILE, RewardModelConfig, VLMRewardModel
+from vlm_rewards.models.reward_network import CONFIG_FILE, RewardNetwork, RewardNetworkConfig
 from vlm_rewards.registry import build_reward
 
 
@@ -24,15 +24,15 @@ def clips(world):
 
 def saved_reward(backbone_dir, tmp_path, **config):
     torch.manual_seed(0)
-    model = VLMRewardModel.from_backbone(backbone_dir, RewardModelConfig(**config))
+    model = RewardNetwork.from_backbone(backbone_dir, RewardNetworkConfig(**config))
     model.save_pretrained(tmp_path / "rm", extra={"step": 0})
-    return build_reward({"kind": "vlm_reward_model", "model": str(tmp_path / "rm"), "batch_size": 2})
+    return build_reward({"kind": "trained_rm", "model": str(tmp_path / "rm"), "batch_size": 2})
 
 
 @pytest.mark.parametrize("head", ["regression", "bins"])
 def test_progress_rm_scores_every_frame_in_one_pass(backbone_dir, tmp_path, clips, head):
     reward = saved_reward(backbone_dir, tmp_path, head=head, num_bins=8)
-    assert isinstance(reward, RewardModel) and reward.spec.output == "progress"
+    assert isinstance(reward, RewardModel) and reward.spec.dense and reward.spec.causal
     results = reward.score(clips)
     for request, result in zip(clips, results):
         assert result.progress.shape == (request.num_frames,)
@@ -61,7 +61,7 @@ def test_reference_frames_are_used_only_when_configured(backbone_dir, tmp_path, 
 
 def test_preference_rm_prefer_is_bradley_terry(backbone_dir, tmp_path, clips):
     reward = saved_reward(backbone_dir, tmp_path, task="preference", head="scalar")
-    assert reward.spec.output == "preference"
+    assert not reward.spec.dense
     a, b = clips[:2], clips[1:3]
     rewards_a = np.array([r.reward for r in reward.score(a)])
     rewards_b = np.array([r.reward for r in reward.score(b)])
@@ -70,9 +70,9 @@ def test_preference_rm_prefer_is_bradley_terry(backbone_dir, tmp_path, clips):
 
 def test_saved_head_round_trips(backbone_dir, tmp_path, clips):
     torch.manual_seed(1)
-    model = VLMRewardModel.from_backbone(backbone_dir, RewardModelConfig(head="bins", num_bins=4)).eval()
+    model = RewardNetwork.from_backbone(backbone_dir, RewardNetworkConfig(head="bins", num_bins=4)).eval()
     version = model.save_pretrained(tmp_path / "rm")
-    loaded = VLMRewardModel.from_pretrained(tmp_path / "rm").eval()
+    loaded = RewardNetwork.from_pretrained(tmp_path / "rm").eval()
     with torch.no_grad():
         batch = model.encode(clips)
         torch.testing.assert_close(model.predict(batch), loaded.predict(loaded.encode(clips)))
@@ -88,9 +88,9 @@ def test_bad_inputs_and_folders(backbone_dir, tmp_path, clips):
     with pytest.raises(ValueError, match="text: expected a non-empty"):
         reward.score([RewardRequest(clips[0].frames, "")])
     with pytest.raises(ValueError, match="no reward_model.json; expected a reward-model folder"):
-        VLMRewardModel.from_pretrained(backbone_dir)
+        RewardNetwork.from_pretrained(backbone_dir)
     (tmp_path / "rm" / CONFIG_FILE).write_text("{not json")
     with pytest.raises(ValueError, match="reward_model.json: not a valid reward-model config"):
-        VLMRewardModel.from_pretrained(tmp_path / "rm")
+        RewardNetwork.from_pretrained(tmp_path / "rm")
     with pytest.raises(ValueError, match="a preference model needs a head in"):
-        RewardModelConfig(task="preference", head="bins")
+        RewardNetworkConfig(task="preference", head="bins")

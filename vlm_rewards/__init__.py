@@ -5,6 +5,7 @@ from vlm_rewards.interface import (
     RewardModel,
     RewardRequest,
     RewardResult,
+    RewardSession,
     RewardSpec,
     SampleKey,
 )
@@ -15,6 +16,7 @@ __all__ = [
     "RewardModel",
     "RewardRequest",
     "RewardResult",
+    "RewardSession",
     "RewardSpec",
     "SampleKey",
     "build_reward",

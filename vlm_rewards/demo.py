@@ -46,7 +46,7 @@ def synthetic_requests(config: DemoConfig) -> dict[str, list[RewardRequest]]:
 def run_demo(config: DemoConfig, console: Console | None = None) -> dict[str, list[RewardResult]]:
     console = console or Console()
     reward: RewardModel = build_reward(config.reward)
-    console.print(f"[bold]reward[/] {reward.spec.name} (version {reward.spec.version}, output {reward.spec.output})")
+    console.print(f"[bold]reward[/] {reward.spec.name} (version {reward.spec.version}, dense {reward.spec.dense})")
     results = {policy: reward.score(batch) for policy, batch in synthetic_requests(config).items()}
     console.print(summary_table(results))
     plot_path = config.output_dir / "rewards_by_policy.png"
@@ -57,12 +57,10 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> dict[str, li
 
 
 def summary_table(results: dict[str, list[RewardResult]]) -> Table:
-    aux_keys = sorted(
-        {k for rs in results.values() for r in rs for k, v in r.aux.items() if isinstance(v, float) and "/" not in k}
-    )
-    table = Table("policy", "mean reward", "std", *aux_keys, title="reward by policy (higher should be better)")
+    components = sorted({name for batch in results.values() for result in batch for name in result.components})
+    table = Table("policy", "mean reward", "std", *components, title="reward by policy (higher should be better)")
     for policy, policy_results in results.items():
         rewards = np.array([r.reward for r in policy_results])
-        aux_means = [f"{np.mean([r.aux.get(k, np.nan) for r in policy_results]):.3f}" for k in aux_keys]
-        table.add_row(policy, f"{rewards.mean():.3f}", f"{rewards.std():.3f}", *aux_means)
+        means = [f"{np.mean([r.components.get(name, np.nan) for r in policy_results]):.3f}" for name in components]
+        table.add_row(policy, f"{rewards.mean():.3f}", f"{rewards.std():.3f}", *means)
     return table

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -16,20 +17,22 @@ import pydantic
 import yaml
 
 from vlm_rewards.interface import RewardModel
+from vlm_rewards.resources import reward_configs
 
-REWARDS_DIR = Path(__file__).resolve().parent.parent / "configs" / "rewards"
+REWARDS_DIR = reward_configs()  # configs/rewards/, shipped as package data
 
 _BUILTIN_KINDS = {
     "function": "vlm_rewards.rewards.function:FunctionReward",
     "goal_pixel_progress": "vlm_rewards.rewards.rules:GoalPixelProgress",
     "motion_penalty": "vlm_rewards.rewards.rules:MotionPenalty",
     "composite": "vlm_rewards.rewards.composite:CompositeReward",
-    "clip_goal": "vlm_rewards.models.embedding:ClipGoalReward",
-    "vlm_reward_model": "vlm_rewards.models.reward_model:VLMReward",
+    "embedding_goal": "vlm_rewards.models.embedding:EmbeddingGoalReward",
+    "trained_rm": "vlm_rewards.models.reward_network:TrainedRewardModel",
     "vlm_judge": "vlm_rewards.models.judge:YesNoJudge",
     "gvl_progress": "vlm_rewards.models.judge:GVLProgressJudge",
 }
 _registered: dict[str, type] = {}
+_BUILDING: ContextVar[tuple[Path, ...]] = ContextVar("reward_configs_being_built", default=())
 
 T = TypeVar("T", bound=type)
 
@@ -67,15 +70,21 @@ def reward_class(kind: str) -> type:
     return _registered[kind]
 
 
-def resolve_reward_path(path: str | Path) -> Path:
-    """A reward config path as given, or a bare name looked up in configs/rewards/."""
-    candidate = Path(path)
-    if candidate.exists():
-        return candidate
-    shipped = REWARDS_DIR / (candidate.name if candidate.suffix else f"{candidate}.yaml")
-    if shipped.exists():
+def resolve_reward_path(reference: str | Path, relative_to: Path | None = None) -> Path:
+    """A reward config: a bare name ("demo_composite") is a shipped config in configs/rewards/; anything
+    with a slash or a .yaml/.yml suffix is a path, relative to `relative_to` (the folder of the YAML
+    that names it) or else to the current directory. There is no fallback from one to the other."""
+    candidate = Path(reference)
+    if "/" not in str(reference) and candidate.suffix not in (".yaml", ".yml"):
+        shipped = REWARDS_DIR / f"{candidate}.yaml"
+        if not shipped.is_file():
+            names = ", ".join(sorted(path.stem for path in REWARDS_DIR.glob("*.yaml")))
+            raise ValueError(f"reward config {str(reference)!r} is not a shipped config (known: {names})")
         return shipped
-    raise ValueError(f"reward config {str(path)!r} not found (looked here and in {REWARDS_DIR})")
+    path = candidate if candidate.is_absolute() or relative_to is None else relative_to / candidate
+    if not path.is_file():
+        raise ValueError(f"reward config {str(reference)!r} not found (looked for {path})")
+    return path
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
@@ -91,12 +100,29 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return loaded
 
 
-def build_reward(config: str | Path | Mapping[str, Any]) -> RewardModel:
-    """Build a reward from a YAML path, a name in configs/rewards/, or an already-loaded mapping."""
-    if isinstance(config, str | Path):
-        path = resolve_reward_path(config)
+def build_reward(config: str | Path | Mapping[str, Any], relative_to: Path | None = None) -> RewardModel:
+    """Build a reward from a YAML path, a shipped config name, or an already-loaded mapping.
+
+    A reward that names other rewards (a composite) resolves their paths relative to its own YAML.
+    """
+    if not isinstance(config, str | Path):
+        return _build_from_mapping(config, origin="reward config")
+    path = resolve_reward_path(config, relative_to).resolve()
+    chain = _BUILDING.get()
+    if path in chain:
+        cycle = " -> ".join(str(p) for p in (*chain[chain.index(path) :], path))
+        raise ValueError(f"reward config {path} includes itself: {cycle}")
+    token = _BUILDING.set((*chain, path))
+    try:
         return _build_from_mapping(load_yaml(path), origin=str(path))
-    return _build_from_mapping(config, origin="reward config")
+    finally:
+        _BUILDING.reset(token)
+
+
+def current_config_folder() -> Path | None:
+    """The folder of the reward YAML being built (for resolving the rewards it names), if any."""
+    chain = _BUILDING.get()
+    return chain[-1].parent if chain else None
 
 
 def _build_from_mapping(config: Mapping[str, Any], origin: str) -> RewardModel:

@@ -58,27 +58,27 @@ def load_dual_encoder(model: str, device: str, dtype: DType) -> tuple[PreTrained
         processor = AutoProcessor.from_pretrained(model)
     except Exception as error:  # OSError, ValueError, JSONDecodeError, SafetensorError, ...
         raise ValueError(
-            f"clip_goal: could not load {model!r}; expected a hub id or a folder holding a CLIP or SigLIP "
+            f"embedding_goal: could not load {model!r}; expected a hub id or a folder holding a CLIP or SigLIP "
             f"model (config.json, weights) and its processor (tokenizer + image processor files): {error}"
         ) from error
     if not (hasattr(encoder, "get_image_features") and hasattr(encoder, "get_text_features")):
         raise ValueError(
-            f"clip_goal: {model!r} is a {type(encoder).__name__}; expected a dual encoder with image and "
+            f"embedding_goal: {model!r} is a {type(encoder).__name__}; expected a dual encoder with image and "
             "text towers (CLIPModel, SiglipModel)"
         )
     return encoder.to(device).eval(), processor
 
 
-@register("clip_goal")
-class ClipGoalReward(BaseReward):
+@register("embedding_goal")
+class EmbeddingGoalReward(BaseReward):
     """Per-frame goal–baseline reward from CLIP/SigLIP embeddings (see the module docstring).
 
-    progress: r for every frame of the clip; reward: r of the last frame; aux["goal_similarity"]: the
+    progress: r for every frame of the clip; reward: r of the last frame; info["goal_similarity"]: the
     cosine similarity of the last frame to the goal. Reference frames and extra views are not used.
     """
 
     class Params(pydantic.BaseModel, extra="forbid"):
-        name: str = "clip_goal"
+        name: str = "embedding_goal"
         model: str = pydantic.Field(min_length=1)
         baseline_prompts: list[Prompt] = pydantic.Field(min_length=1)
         goal_prompts: list[Prompt] = []
@@ -96,7 +96,7 @@ class ClipGoalReward(BaseReward):
         batch_size: int = 32,
         device: str = "cpu",
         dtype: DType = "float32",
-        name: str = "clip_goal",
+        name: str = "embedding_goal",
     ):
         if not baseline_prompts:
             raise ValueError(f"{name}: expected at least one baseline prompt (e.g. 'a robot arm'), got none")
@@ -109,14 +109,15 @@ class ClipGoalReward(BaseReward):
         self.baseline = self.embed_texts(list(baseline_prompts)).mean(axis=0)
         self.spec = RewardSpec(
             name=name,
-            version=fingerprint("clip_goal", model, alpha, list(baseline_prompts), self.goal_prompts),
-            output="progress",
+            version=fingerprint("embedding_goal", model, alpha, list(baseline_prompts), self.goal_prompts),
             value_range=(-1.0, 1.0),
+            dense=True,
+            causal=True,  # every frame is embedded on its own
             frame_size=None,  # the processor resizes any frame to the model's input size
         )
 
     @classmethod
-    def from_params(cls, params: Params) -> ClipGoalReward:
+    def from_params(cls, params: Params) -> EmbeddingGoalReward:
         return cls(
             params.model,
             params.baseline_prompts,
@@ -141,7 +142,7 @@ class ClipGoalReward(BaseReward):
                 raise ValueError(f"requests[{index}].text {request.text!r}: {error}") from None
             similarity = float(frames[-1] @ goals[index] / np.linalg.norm(goals[index]))
             results.append(
-                RewardResult(reward=float(progress[-1]), progress=progress, aux={"goal_similarity": similarity})
+                RewardResult(reward=float(progress[-1]), progress=progress, info={"goal_similarity": similarity})
             )
         return results
 

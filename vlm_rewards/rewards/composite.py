@@ -1,13 +1,17 @@
-"""Weighted sum of rewards, each normalised first so that weights mean what they say.
+"""Weighted sum of rewards.
 
-`running` z-scores each component with its running mean/std over every call (RL, annotation);
-`group` z-scores within the requests that share an instruction/prompt, the GRPO group; `none` keeps
-raw values. Raw and normalised component values are kept in `aux`.
+reward = Σ wᵢ rᵢ over the parts; when every part is dense, progress = Σ wᵢ progressᵢ per frame. Each
+part's raw reward is kept in `components` under its name. A composite is as pure as its parts: it
+keeps no statistics (normalise in the consumer, `vlm_rewards.normalization`), and its capability
+flags are those all its parts share.
+
+A part that fails on a sample (NaN with an error) follows `on_error`: `propagate` (default) makes the
+composite's value NaN too, with the part's error; `zero` counts the part as 0 and keeps its error.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+import math
 from typing import Any, Literal
 
 import numpy as np
@@ -15,17 +19,23 @@ import pydantic
 
 from vlm_rewards.fingerprint import fingerprint
 from vlm_rewards.interface import BaseReward, RewardModel, RewardRequest, RewardResult, RewardSpec
-from vlm_rewards.normalization import RunningMeanStd, group_zscore
-from vlm_rewards.registry import build_reward, register
+from vlm_rewards.registry import build_reward, current_config_folder, register
 
-Normalization = Literal["none", "running", "group"]
+OnError = Literal["propagate", "zero"]
 
 
 class Component(pydantic.BaseModel, extra="forbid"):
-    reward: str | dict[str, Any]  # a reward YAML path / name in configs/rewards, or an inline config
+    # a shipped config name, a YAML path (relative to the YAML naming it), or an inline config
+    reward: str | dict[str, Any]
     weight: float = 1.0
-    normalize: Normalization = "none"
     name: str | None = None
+
+    @pydantic.field_validator("weight")
+    @classmethod
+    def _finite(cls, weight: float) -> float:
+        if not math.isfinite(weight):
+            raise ValueError(f"weight must be a finite number, got {weight}")
+        return weight
 
 
 @register("composite")
@@ -33,86 +43,87 @@ class CompositeReward(BaseReward):
     class Params(pydantic.BaseModel, extra="forbid"):
         name: str = "composite"
         components: list[Component] = pydantic.Field(min_length=1)
+        on_error: OnError = "propagate"
 
     def __init__(
         self,
         rewards: list[RewardModel],
         weights: list[float],
-        normalize: list[Normalization],
         name: str = "composite",
         names: list[str | None] | None = None,
+        on_error: OnError = "propagate",
     ):
-        if not (len(rewards) == len(weights) == len(normalize)) or not rewards:
+        if len(rewards) != len(weights) or not rewards:
             raise ValueError(
-                f"composite {name!r}: got {len(rewards)} rewards, {len(weights)} weights and "
-                f"{len(normalize)} normalizations; expected the same non-zero number of each"
+                f"composite {name!r}: got {len(rewards)} rewards and {len(weights)} weights; "
+                "expected the same non-zero number of each"
             )
-        self.rewards, self.weights, self.normalize = rewards, weights, normalize
+        if not all(math.isfinite(w) for w in weights):
+            raise ValueError(f"composite {name!r}: weights {weights} must be finite numbers")
+        self.rewards, self.weights, self.on_error = rewards, [float(w) for w in weights], on_error
         self.names = [given or reward.spec.name for given, reward in zip(names or [None] * len(rewards), rewards)]
         if len(set(self.names)) != len(self.names):
             raise ValueError(f"composite {name!r}: component names {self.names} must be unique (set `name`)")
-        self.running = [RunningMeanStd() for _ in rewards]
+        specs = [reward.spec for reward in rewards]
+        dense = all(spec.dense for spec in specs)
         self.spec = RewardSpec(
             name=name,
-            version=fingerprint([(r.spec.version, w, n) for r, w, n in zip(rewards, weights, normalize)]),
-            output="scalar",
-            value_range=self._value_range(),
-            frame_size=_intersect_frame_sizes([r.spec.frame_size for r in rewards]),
-            max_frames=min((r.spec.max_frames for r in rewards if r.spec.max_frames), default=None),
+            version=fingerprint([(s.version, w, n) for s, w, n in zip(specs, self.weights, self.names)], on_error),
+            value_range=_weighted_range(specs, self.weights),
+            dense=dense,
+            causal=dense and all(spec.causal for spec in specs),
+            batch_invariant=all(spec.batch_invariant for spec in specs),
+            deterministic=all(spec.deterministic for spec in specs),
+            requires=tuple(sorted({requirement for spec in specs for requirement in spec.requires})),
+            components=tuple(self.names),
+            frame_size=_intersect_frame_sizes([spec.frame_size for spec in specs]),
+            max_frames=min((s.max_frames for s in specs if s.max_frames is not None), default=None),
+            max_text_length=min((s.max_text_length for s in specs if s.max_text_length is not None), default=None),
         )
 
     @classmethod
     def from_params(cls, params: Params) -> CompositeReward:
-        rewards = [build_reward(c.reward if isinstance(c.reward, dict) else Path(c.reward)) for c in params.components]
+        folder = current_config_folder()
         return cls(
-            rewards,
-            weights=[c.weight for c in params.components],
-            normalize=[c.normalize for c in params.components],
+            [build_reward(component.reward, relative_to=folder) for component in params.components],
+            weights=[component.weight for component in params.components],
             name=params.name,
-            names=[c.name for c in params.components],
+            names=[component.name for component in params.components],
+            on_error=params.on_error,
         )
 
-    def _value_range(self) -> tuple[float, float]:
-        if any(n != "none" for n in self.normalize):
-            return (float("-inf"), float("inf"))
-        ends = [
-            sorted((w * r.spec.value_range[0], w * r.spec.value_range[1])) for r, w in zip(self.rewards, self.weights)
-        ]
-        return (sum(low for low, _ in ends), sum(high for _, high in ends))
-
     def _score(self, requests: list[RewardRequest]) -> list[RewardResult]:
-        groups = [request.text for request in requests]
-        total = np.zeros(len(requests))
-        aux: list[dict[str, Any]] = [{} for _ in requests]
-        errors: list[list[str]] = [[] for _ in requests]
-        for index, reward in enumerate(self.rewards):
-            name = self.names[index]
-            child_results = reward.score(requests)
-            raw = np.array([result.reward for result in child_results], dtype=np.float64)
-            for i, result in enumerate(child_results):
-                if "error" in result.aux:
-                    errors[i].append(f"{name}: {result.aux['error']}")
-            normalized = self._normalize(index, raw, groups)
-            total += self.weights[index] * normalized
-            for i in range(len(requests)):
-                aux[i][name] = float(raw[i])
-                aux[i][f"{name}/normalized"] = float(normalized[i])
-        results = []
-        for i in range(len(requests)):
-            if errors[i]:
-                aux[i]["error"] = "; ".join(errors[i])
-            results.append(RewardResult(reward=float(total[i]), aux=aux[i]))
-        return results
+        part_results = [reward.score(requests) for reward in self.rewards]
+        return [self._combine(i, [results[i] for results in part_results]) for i in range(len(requests))]
 
-    def _normalize(self, index: int, raw: np.ndarray, groups: list[str]) -> np.ndarray:
-        mode = self.normalize[index]
-        if mode == "group":
-            return group_zscore(raw, groups)
-        if mode == "running":
-            finite = raw[np.isfinite(raw)]
-            self.running[index].update(finite)
-            return self.running[index].normalize(raw)
-        return raw
+    def _combine(self, index: int, parts: list[RewardResult]) -> RewardResult:
+        errors = [f"{name}: {part.error}" for name, part in zip(self.names, parts) if part.error]
+        rewards = np.array([part.reward for part in parts], dtype=np.float64)
+        progress = None
+        if self.spec.dense:
+            progress = self._weighted(np.stack([part.progress for part in parts]))
+        return RewardResult(
+            reward=float(self._weighted(rewards)),
+            progress=progress,
+            components=dict(zip(self.names, rewards.tolist())),
+            error="; ".join(errors) or None,
+        )
+
+    def _weighted(self, values: np.ndarray) -> np.ndarray:
+        """Σ wᵢ valuesᵢ over the first axis, NaN parts following `on_error`."""
+        if self.on_error == "zero":
+            values = np.nan_to_num(values, nan=0.0)
+        return np.tensordot(self.weights, values, axes=1)
+
+
+def _weighted_range(specs: list[RewardSpec], weights: list[float]) -> tuple[float, float]:
+    low = high = 0.0
+    for spec, weight in zip(specs, weights):
+        if weight == 0:
+            continue
+        ends = sorted((weight * spec.value_range[0], weight * spec.value_range[1]))
+        low, high = low + ends[0], high + ends[1]
+    return low, high
 
 
 def _intersect_frame_sizes(sizes: list[tuple[int, int] | None]) -> tuple[int, int] | None:
@@ -120,3 +131,4 @@ def _intersect_frame_sizes(sizes: list[tuple[int, int] | None]) -> tuple[int, in
     if not given:
         return None
     return (max(low for low, _ in given), min(high for _, high in given))
+

@@ -1,65 +1,118 @@
-"""A reward from a plain Python function of one request."""
+"""A reward from a plain Python function of one request.
+
+Configs are code: `kind: function` imports the module a config names and calls its function, so load
+configs only from sources you trust. Builtins and functions of process- or file-handling modules
+(`os:system`, `builtins:eval`, `subprocess:run`, ...) are refused as a guard against mistakes, not as
+a sandbox.
+"""
 
 from __future__ import annotations
 
 import importlib
+import inspect
+import math
+import numbers
 from collections.abc import Callable
+from dataclasses import replace
 
+import numpy as np
 import pydantic
 
 from vlm_rewards.fingerprint import fingerprint
-from vlm_rewards.interface import BaseReward, OutputKind, RewardRequest, RewardResult, RewardSpec
+from vlm_rewards.interface import BaseReward, RewardRequest, RewardResult, RewardSpec
 from vlm_rewards.registry import register
 
 RewardFunction = Callable[[RewardRequest], "float | RewardResult"]
+REFUSED_MODULES = {
+    "builtins", "os", "posix", "nt", "sys", "subprocess", "shutil", "importlib", "runpy", "pty", "socket",
+    "pickle", "marshal", "ctypes", "code", "pathlib", "io", "tempfile",
+}  # fmt: skip
 
 
 def import_callable(target: str) -> Callable:
+    """`package.module:function` -> the function; refuses builtins and system modules."""
     module_name, _, attribute = target.partition(":")
     if not module_name or not attribute:
         raise ValueError(f"function {target!r}: expected 'package.module:function'")
+    if module_name.split(".")[0] in REFUSED_MODULES:
+        raise ValueError(f"function {target!r}: functions of {module_name!r} are refused; name a reward function")
     try:
         function = getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as error:
         raise ValueError(f"function {target!r} could not be imported: {error}") from None
-    if not callable(function):
-        raise ValueError(f"function {target!r} is not callable")
+    if not callable(function) or inspect.isbuiltin(function) or inspect.isclass(function):
+        raise ValueError(f"function {target!r} is not a Python function")
     return function
 
 
 @register("function")
 class FunctionReward(BaseReward):
-    """Wraps `function(request) -> float | RewardResult`, called once per request."""
+    """Wraps `function(request) -> float | RewardResult`, called once per request.
+
+    The function gets read-only views of the caller's arrays. Its capability flags are declared (by
+    the caller or the config), since nothing can check them here but the conformance checker.
+    """
 
     class Params(pydantic.BaseModel, extra="forbid"):
         function: str
         name: str | None = None
-        output: OutputKind = "scalar"
-        value_range: tuple[float, float] = (float("-inf"), float("inf"))
+        value_range: tuple[float, float] = (-math.inf, math.inf)
+        dense: bool = False
+        causal: bool = False
+        batch_invariant: bool = True
+        deterministic: bool = True
+        requires: tuple[str, ...] = ()
 
     def __init__(
         self,
         function: RewardFunction,
         name: str | None = None,
-        output: OutputKind = "scalar",
-        value_range: tuple[float, float] = (float("-inf"), float("inf")),
+        value_range: tuple[float, float] = (-math.inf, math.inf),
+        **flags: bool | tuple[str, ...],
     ):
         self.function = function
-        qualified = f"{function.__module__}:{getattr(function, '__qualname__', repr(function))}"
+        self.qualified_name = f"{function.__module__}:{getattr(function, '__qualname__', repr(function))}"
         self.spec = RewardSpec(
             name=name or getattr(function, "__name__", "function"),
-            version=fingerprint(qualified, output, value_range),
-            output=output,
+            version=fingerprint(self.qualified_name, value_range, sorted(flags.items())),
             value_range=value_range,
+            **flags,
         )
 
     @classmethod
     def from_params(cls, params: Params) -> FunctionReward:
-        return cls(import_callable(params.function), params.name, params.output, params.value_range)
+        flags = params.model_dump(exclude={"function", "name", "value_range"})
+        return cls(import_callable(params.function), params.name, params.value_range, **flags)
 
     def _score(self, requests: list[RewardRequest]) -> list[RewardResult]:
-        results = []
-        for request in requests:
-            value = self.function(request)
-            results.append(value if isinstance(value, RewardResult) else RewardResult(reward=float(value)))
-        return results
+        return [self._call(index, request) for index, request in enumerate(requests)]
+
+    def _call(self, index: int, request: RewardRequest) -> RewardResult:
+        value = self.function(_read_only(request))
+        if isinstance(value, RewardResult):
+            return value
+        if isinstance(value, numbers.Real) and not isinstance(value, bool) and not self.spec.dense:
+            return RewardResult(reward=float(value))
+        expected = "a RewardResult with progress" if self.spec.dense else "a real number or a RewardResult"
+        raise ValueError(
+            f"function {self.qualified_name} returned {type(value).__name__} {value!r:.80} for requests[{index}]; "
+            f"expected {expected}"
+        )
+
+
+def _read_only(request: RewardRequest) -> RewardRequest:
+    """The request with read-only views of its arrays, so a function cannot write into the caller's frames."""
+
+    def frozen(array: np.ndarray | None) -> np.ndarray | None:
+        if array is None:
+            return None
+        view = array.view()
+        view.flags.writeable = False
+        return view
+
+    return replace(
+        request,
+        frames=frozen(request.frames),
+        reference=frozen(request.reference),
+        views={name: frozen(view) for name, view in request.views.items()},
+    )

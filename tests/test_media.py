@@ -1,3 +1,5 @@
+import re
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -31,3 +33,40 @@ def test_bad_clip_files(tmp_path):
         read_clip(tmp_path / "a.txt")
     with pytest.raises(ValueError, match="needs even height and width"):
         write_video(tmp_path / "odd.mp4", np.zeros((2, 5, 6, 3), np.uint8), pix_fmt="yuv420p")
+
+
+def make_bad_files(folder, frames):
+    """Files that are not what their names say, each -> a phrase its error must contain."""
+    np.savez(folder / "good.npz", frames=frames)
+    whole = (folder / "good.npz").read_bytes()
+    (folder / "truncated.npz").write_bytes(whole[: len(whole) // 2])
+    (folder / "zero.npz").write_bytes(b"")
+    np.save(folder / "array.npy", frames)
+    (folder / "array.npy").rename(folder / "renamed.npz")
+    (folder / "folder.npz").mkdir()
+    Image.fromarray(frames[0]).save(folder / "good.png")
+    png = (folder / "good.png").read_bytes()
+    (folder / "truncated.png").write_bytes(png[: len(png) // 2])
+    (folder / "zero.png").write_bytes(b"")
+    (folder / "junk.mp4").write_bytes(b"junk" * 100)
+    corrupt = bytearray(whole)
+    corrupt[200:260] = b"x" * 60
+    (folder / "corrupt.npz").write_bytes(bytes(corrupt))
+    return {
+        "truncated.npz": "not a readable .npz archive",
+        "zero.npz": "empty file",
+        "renamed.npz": "a single .npy array, not an .npz archive",
+        "folder.npz": "is a directory",
+        "truncated.png": "not a readable image",
+        "zero.png": "empty file",
+        "junk.mp4": "not a readable video",
+        "corrupt.npz": "array 'frames' could not be read",
+    }
+
+
+def test_unreadable_files_raise_value_errors_naming_the_file(tmp_path):
+    frames = np.random.default_rng(0).integers(0, 255, (3, 16, 16, 3), dtype=np.uint8)
+    for name, phrase in make_bad_files(tmp_path, frames).items():
+        with pytest.raises(ValueError, match=rf"^{re.escape(str(tmp_path / name))}: .*{re.escape(phrase)}"):
+            read_clip(tmp_path / name)
+    np.testing.assert_array_equal(read_clip(tmp_path / "good.npz"), frames)

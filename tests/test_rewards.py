@@ -276,3 +276,9 @@ def test_conformance_checker_catches_a_broken_promise():
 
     with pytest.raises(ConformanceError, match="causal"):
         check_reward(FunctionReward(lying_causal, value_range=(0.0, 1.0), dense=True, causal=True))
+
+
+def test_duplicate_keys_in_a_reward_config_are_errors(tmp_path):
+    (tmp_path / "twice.yaml").write_text("kind: motion_penalty\nscale: 1.0\nscale: 2.0\n")
+    with pytest.raises(ValueError, match=r"twice.yaml:3: duplicate key 'scale'"):
+        build_reward(tmp_path / "twice.yaml")

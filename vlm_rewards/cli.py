@@ -1,16 +1,23 @@
-"""`vlmr`: one console script for every job. Each job takes `[CONFIG.yaml] [dotted.key=value ...]`."""
+"""`vlmr`: one console script for every job. Each job takes `[CONFIG.yaml] [dotted.key=value ...]`.
+
+The CLI is the presentation layer: library code reports through `logging` and takes an optional
+progress wrapper `track(iterable, description)`; here logging goes to a rich handler on stderr and
+`tqdm_track` draws the progress bars. Bad input ends a job with exit code 2 and a message naming the
+file or key; `score` skips a bad clip, reports it and exits 2 after scoring the others.
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+import logging
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeVar
 
-import numpy as np
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from vlm_rewards.config import JobConfig, dump_config, load_job_config
 
@@ -20,11 +27,55 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 console = Console()
+err_console = Console(stderr=True, soft_wrap=True)
+LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+ItemT = TypeVar("ItemT")
 
 JobArgs = Annotated[
     list[str] | None,
     typer.Argument(help="An optional YAML config, then dotted.key=value overrides.", show_default=False),
 ]
+
+
+@app.callback()
+def main(
+    log_level: Annotated[
+        str, typer.Option(help="Lowest level of library log messages shown on stderr: debug, info, warning, error.")
+    ] = "info",
+) -> None:
+    """vlm-rewards: VLM progress and preference reward models behind one reward interface."""
+    if log_level.lower() not in LOG_LEVELS:
+        raise typer.BadParameter(f"{log_level!r}; expected one of {', '.join(LOG_LEVELS)}", param_hint="--log-level")
+    configure_logging(LOG_LEVELS[log_level.lower()])
+
+
+def configure_logging(level: int = logging.INFO) -> None:
+    """Show the library's `logging` records (logger `vlm_rewards` and below) on stderr through rich."""
+    from rich.logging import RichHandler
+
+    logger = logging.getLogger("vlm_rewards")
+    logger.setLevel(level)
+    if not any(getattr(handler, "_vlmr_cli", False) for handler in logger.handlers):
+        handler = RichHandler(console=err_console, show_path=False, rich_tracebacks=False, markup=False)
+        handler._vlmr_cli = True
+        logger.addHandler(handler)
+    logger.propagate = False  # shown once, by the handler above
+
+
+def tqdm_track(iterable: Iterable[ItemT], description: str = "", total: int | None = None) -> Iterable[ItemT]:
+    """The CLI's progress wrapper for library loops (`track=` arguments): a tqdm bar on stderr.
+
+    Without tqdm installed (it comes with the `training` extra) the iterable is returned unchanged.
+    """
+    try:
+        from tqdm.auto import tqdm
+    except ModuleNotFoundError:
+        return iterable
+    return tqdm(iterable, desc=description or None, total=total, dynamic_ncols=True, leave=False)
+
+
+def report_error(message: object) -> None:
+    err_console.print(f"[bold red]error:[/] {escape(str(message))}")
 
 
 def split_job_args(args: list[str] | None) -> tuple[Path | None, list[str]]:
@@ -41,15 +92,15 @@ def clean_errors() -> Iterator[None]:
     try:
         yield
     except ValueError as error:
-        console.print(f"[bold red]error:[/] {error}")
+        report_error(error)
         raise typer.Exit(code=2) from None
 
 
-def run_config_job(config_model: type[JobConfig], run: Callable[[JobConfig, Console], object], args) -> None:
+def run_config_job(config_model: type[JobConfig], run: Callable[[JobConfig], object], args) -> None:
     with clean_errors():
         config = load_job_config(config_model, *split_job_args(args))
         console.print(dump_config(config))
-        run(config, console)
+        run(config)
 
 
 @app.command()
@@ -57,7 +108,7 @@ def demo(args: JobArgs = None) -> None:
     """Score synthetic clips of four policies with a configured reward; print a table and save a plot."""
     from vlm_rewards.demo import DemoConfig, run_demo
 
-    run_config_job(DemoConfig, run_demo, args)
+    run_config_job(DemoConfig, lambda config: run_demo(config, console), args)
 
 
 @app.command("train-rm")
@@ -66,15 +117,15 @@ def train_rm(args: JobArgs = None) -> None:
     from vlm_rewards.training.config import TrainRMConfig
     from vlm_rewards.training.train import run_training
 
-    run_config_job(TrainRMConfig, run_training, args)
+    run_config_job(TrainRMConfig, lambda config: run_training(config, tqdm_track), args)
 
 
 @app.command("eval-rm")
 def eval_rm(args: JobArgs = None) -> None:
     """Evaluate any reward: VOC (expert, reversed, random), success AUC, instruction use, pair accuracy."""
-    from vlm_rewards.evaluation.evaluate import EvalRMConfig, run_eval
+    from vlm_rewards.evaluation.evaluate import EvalRMConfig, metrics_table, run_eval
 
-    run_config_job(EvalRMConfig, run_eval, args)
+    run_config_job(EvalRMConfig, lambda config: console.print(metrics_table(run_eval(config, tqdm_track))), args)
 
 
 @app.command()
@@ -84,19 +135,67 @@ def score(
     text: Annotated[str, typer.Option(help="The instruction or prompt, the same for every clip.")],
     reference: Annotated[Path | None, typer.Option(help="Optional goal/reference image or clip.")] = None,
 ) -> None:
-    """Score clips with a reward and print one JSON line per clip."""
-    from vlm_rewards.interface import RewardRequest
+    """Score clips with a reward and print one JSON line per clip (`RewardResult.to_json()` plus "clip").
+
+    A clip that cannot be read or that the reward rejects is skipped: its line has "reward": null and
+    an "error", the message also goes to stderr, and the job exits with code 2 after the other clips.
+    A bad reward config or reference ends the job at once (exit code 2).
+    """
+    from vlm_rewards.interface import RewardRequest, validate_request
     from vlm_rewards.media import read_clip
     from vlm_rewards.registry import build_reward
 
     with clean_errors():
         model = build_reward(reward)
         goal = read_clip(reference) if reference else None
-        requests = [RewardRequest(read_clip(path), text, reference=goal) for path in clips]
-        for path, result in zip(clips, model.score(requests)):
-            progress = None if result.progress is None else np.round(result.progress, 4).tolist()
-            aux = {key: value for key, value in result.aux.items() if isinstance(value, int | float | str)}
-            print(json.dumps({"clip": str(path), "reward": result.reward, "progress": progress, "aux": aux}))
+    lines: list[dict | None] = [None] * len(clips)
+    failed: list[Path] = []
+
+    def skip(index: int, error: ValueError) -> None:
+        path = clips[index]
+        message = str(error) if str(error).startswith(str(path)) else f"{path}: {error}"
+        report_error(message)
+        failed.append(path)
+        lines[index] = {"clip": str(path), "reward": None, "progress": None, "components": {}, "info": {}}
+        lines[index]["error"] = message
+
+    good: list[tuple[int, RewardRequest]] = []
+    for index, path in enumerate(clips):
+        try:
+            request = RewardRequest(read_clip(path), text, reference=goal)
+            validate_request(request, model.spec, "clip")
+        except ValueError as error:
+            skip(index, error)
+            continue
+        good.append((index, request))
+    if good:
+        for (index, _), outcome in zip(good, score_each(model, [request for _, request in good])):
+            if isinstance(outcome, ValueError):
+                skip(index, outcome)
+            else:
+                lines[index] = {"clip": str(clips[index]), **outcome.to_json()}
+    for line in lines:
+        typer.echo(json.dumps(line, allow_nan=False))
+    if failed:
+        report_error(f"{len(failed)} of {len(clips)} clips could not be scored: {', '.join(map(str, failed))}")
+        raise typer.Exit(code=2)
+
+
+def score_each(model, requests: list) -> list:
+    """`model.score(requests)`, or, if the batch raises a ValueError, each request alone so that one
+    bad request does not sink the others: per request its RewardResult or its ValueError."""
+    try:
+        return list(model.score(requests))
+    except ValueError as error:
+        if len(requests) == 1:
+            return [error]
+    outcomes: list = []
+    for request in requests:
+        try:
+            outcomes.extend(model.score([request]))
+        except ValueError as error:
+            outcomes.append(error)
+    return outcomes
 
 
 @app.command()

@@ -1,8 +1,11 @@
 """Job configs: a YAML file validated by a pydantic model, with dotted overrides from the command line.
 
-`vlmr train-rm configs/train_rm/progress_tiny.yaml train.lr=3e-4 data.num_frames=8`: each override is
-`dotted.key=value`, the value parsed as YAML (numbers, booleans, lists). Every field has a default,
-so a job also runs with no file at all (the embedded defaults).
+`vlmr train-rm configs/train_rm/progress_tiny.yaml optim.lr=3e-4 data.synthetic_train.num_frames=8`:
+each override is `dotted.key=value`, the value parsed as YAML (numbers, booleans, lists). Every field
+has a default, so a job also runs with no file at all (the embedded defaults).
+
+YAML files are read strictly (`safe_load_strict`): a key given twice in one mapping is an error naming
+the file, line and key, not "the last one wins".
 """
 
 from __future__ import annotations
@@ -14,9 +17,64 @@ from typing import Any, TypeVar
 import pydantic
 import yaml
 
-from vlm_rewards.registry import format_validation_error, load_yaml
-
 ConfigT = TypeVar("ConfigT", bound=pydantic.BaseModel)
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping."""
+
+
+def _construct_strict_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    # Only the mapping's own keys count: a `<<: *anchor` merge may be overridden on purpose.
+    first_line: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            hash(key)
+        except TypeError:
+            continue  # the base constructor reports unhashable keys
+        line = key_node.start_mark.line + 1
+        if key in first_line:
+            raise ValueError(
+                f"{loader.origin}:{line}: duplicate key {key!r} (first given on line {first_line[key]}); "
+                "remove one of them"
+            )
+        first_line[key] = line
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_strict_mapping)
+
+
+def safe_load_strict(text: str, origin: str = "<yaml>") -> Any:
+    """`yaml.safe_load`, except that a duplicate key raises a ValueError naming `origin`, line and key.
+
+    Invalid YAML raises `yaml.YAMLError` as safe_load does.
+    """
+    loader = _StrictLoader(text)
+    loader.origin = origin
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+def load_yaml_file(path: str | Path) -> dict[str, Any]:
+    """A YAML file whose top level is a mapping, read with `safe_load_strict`; errors name the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: no such config file")
+    try:
+        loaded = safe_load_strict(path.read_text(), origin=str(path))
+    except yaml.YAMLError as error:
+        raise ValueError(f"{path}: not valid YAML ({error})") from None
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not a text file ({error})") from None
+    if not isinstance(loaded, dict):
+        raise ValueError(f"{path}: expected a YAML mapping at the top level, got {type(loaded).__name__}")
+    return loaded
 
 
 class JobConfig(pydantic.BaseModel):
@@ -62,7 +120,7 @@ def load_job_config(model: type[ConfigT], path: str | Path | None = None, overri
     The file and the overrides are merged into the model's full defaults, so overriding one key of a
     nested section keeps the section's other defaults.
     """
-    data = deep_merge(model().model_dump(), load_yaml(path) if path is not None else {})
+    data = deep_merge(model().model_dump(), load_yaml_file(path) if path is not None else {})
     origin = str(path) if path is not None else f"{model.__name__} defaults"
     try:
         return model.model_validate(apply_overrides(data, overrides))
@@ -86,3 +144,12 @@ def dump_config(config: pydantic.BaseModel) -> str:
 
 def _deep_copy(data: dict[str, Any]) -> dict[str, Any]:
     return {key: _deep_copy(value) if isinstance(value, dict) else value for key, value in data.items()}
+
+
+def format_validation_error(error: pydantic.ValidationError) -> str:
+    """A pydantic error as `dotted.key: message; ...`."""
+    problems = []
+    for item in error.errors():
+        location = ".".join(str(part) for part in item["loc"]) or "<root>"
+        problems.append(f"{location}: {item['msg']}")
+    return "; ".join(problems)

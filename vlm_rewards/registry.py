@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pydantic
-import yaml
 
+from vlm_rewards.config import format_validation_error, load_yaml_file
 from vlm_rewards.interface import RewardModel
 from vlm_rewards.resources import reward_configs
 
@@ -30,6 +30,7 @@ _BUILTIN_KINDS = {
     "trained_rm": "vlm_rewards.models.reward_network:TrainedRewardModel",
     "vlm_judge": "vlm_rewards.models.judge:YesNoJudge",
     "gvl_progress": "vlm_rewards.models.judge:GVLProgressJudge",
+    "remote": "vlm_rewards.serving.client:RemoteReward",
 }
 _registered: dict[str, type] = {}
 _BUILDING: ContextVar[tuple[Path, ...]] = ContextVar("reward_configs_being_built", default=())
@@ -87,19 +88,6 @@ def resolve_reward_path(reference: str | Path, relative_to: Path | None = None) 
     return path
 
 
-def load_yaml(path: str | Path) -> dict[str, Any]:
-    if not Path(path).is_file():
-        raise ValueError(f"{path}: no such config file")
-    try:
-        with open(path) as handle:
-            loaded = yaml.safe_load(handle)
-    except yaml.YAMLError as error:
-        raise ValueError(f"{path}: not valid YAML ({error})") from None
-    if not isinstance(loaded, dict):
-        raise ValueError(f"{path}: expected a YAML mapping at the top level, got {type(loaded).__name__}")
-    return loaded
-
-
 def build_reward(config: str | Path | Mapping[str, Any], relative_to: Path | None = None) -> RewardModel:
     """Build a reward from a YAML path, a shipped config name, or an already-loaded mapping.
 
@@ -114,7 +102,7 @@ def build_reward(config: str | Path | Mapping[str, Any], relative_to: Path | Non
         raise ValueError(f"reward config {path} includes itself: {cycle}")
     token = _BUILDING.set((*chain, path))
     try:
-        return _build_from_mapping(load_yaml(path), origin=str(path))
+        return _build_from_mapping(load_yaml_file(path), origin=str(path))
     finally:
         _BUILDING.reset(token)
 
@@ -137,11 +125,3 @@ def _build_from_mapping(config: Mapping[str, Any], origin: str) -> RewardModel:
     except pydantic.ValidationError as error:
         raise ValueError(f"{origin} (kind {config['kind']!r}): {format_validation_error(error)}") from None
     return cls.from_params(validated)
-
-
-def format_validation_error(error: pydantic.ValidationError) -> str:
-    problems = []
-    for item in error.errors():
-        location = ".".join(str(part) for part in item["loc"]) or "<root>"
-        problems.append(f"{location}: {item['msg']}")
-    return "; ".join(problems)

@@ -43,6 +43,7 @@ from transformers import (
 )
 from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 
+from vlm_rewards.io import make_readable
 from vlm_rewards.models.tokenizer import (
     CHAT_TEMPLATE,
     ENDOFTEXT,
@@ -307,6 +308,7 @@ def build_tiny_backbone(
     out_dir = Path(out_dir)
     model.save_pretrained(out_dir)
     _save_processor(spec, tokenizer, out_dir, min_pixels, max_pixels)
+    make_readable(out_dir)  # safetensors writes weights with mode 0600
     return out_dir
 
 

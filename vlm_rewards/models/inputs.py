@@ -16,11 +16,12 @@ the task. Each frame is one image (grid_t = 1) and its readout position is the `
 the last view of its time step: the first token that has seen the whole step. With `frame_orders`
 the frames are shown in the given order, each step prefixed by `Frame k: ` (k = 1, 2, ... in shown
 order) and steps separated by newlines, GVL-style; readout positions still index the original frames.
+With `initial_scene` as well, the first time step is shown once more before them as a context image,
+`Initial scene: IMAGE\n` (OpenGVL's layout: the context is not one of the queried frames).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -84,8 +85,6 @@ class ClipInputBuilder:
         self._limits = RewardSpec(
             name=type(self).__name__,
             version="",
-            output="scalar",
-            value_range=(-math.inf, math.inf),
             max_frames=max_frames,
         )
         self.padding_side = padding_side
@@ -99,6 +98,7 @@ class ClipInputBuilder:
         question: str | Sequence[str] | None = None,
         add_generation_prompt: bool = False,
         frame_orders: Sequence[Sequence[int]] | None = None,
+        initial_scene: bool = False,
     ) -> ClipBatch:
         """Encode `samples` (RewardRequest or (text, frames[, reference, views]) tuples).
 
@@ -106,7 +106,11 @@ class ClipInputBuilder:
         add_generation_prompt: end with `<|im_start|>assistant\\n`, for the generative judge.
         frame_orders: per sample, the order to show its frames in (a permutation of range(T)); the
             frames are then labelled "Frame k: " in shown order.
+        initial_scene: with frame_orders, show the first time step (all views) before the labelled
+            frames as "Initial scene: " context; readouts still point at the labelled frames.
         """
+        if initial_scene and frame_orders is None:
+            raise ValueError("initial_scene: needs frame_orders (the context precedes labelled frames)")
         requests = [self._as_request(sample, f"samples[{i}]") for i, sample in enumerate(samples)]
         validate_requests(requests, self._limits, name="samples")
         questions = self._per_sample(question, len(requests), "question")
@@ -120,7 +124,13 @@ class ClipInputBuilder:
         for i, request in enumerate(requests):
             order = self._frame_order(orders[i], request.num_frames, f"frame_orders[{i}]")
             prompt, sample_images, sample_readouts = self._layout(
-                request, f"samples[{i}]", questions[i], add_generation_prompt, order, labelled=orders[i] is not None
+                request,
+                f"samples[{i}]",
+                questions[i],
+                add_generation_prompt,
+                order,
+                labelled=orders[i] is not None,
+                initial_scene=initial_scene,
             )
             prompts.append(prompt)
             images.extend(sample_images)
@@ -181,6 +191,7 @@ class ClipInputBuilder:
         add_generation_prompt: bool,
         order: list[int],
         labelled: bool,
+        initial_scene: bool = False,
     ) -> tuple[str, list[np.ndarray], list[int]]:
         """The prompt text, its images in sequence order, and per original frame t the index (among
         this sample's images) of the image whose `<|vision_end|>` is frame t's readout."""
@@ -192,6 +203,9 @@ class ClipInputBuilder:
             images.extend(self.vision.resize(request.reference, f"{where}.reference"))
             parts.append("Goal: " + IMAGE_PLACEHOLDER * len(request.reference) + "\n")
         parts.append(request.text + "\n")
+        if initial_scene:
+            images.extend(view[0] for view in views)
+            parts.append("Initial scene: " + IMAGE_PLACEHOLDER * len(views) + "\n")
 
         readout_image = [0] * len(order)
         steps = []

@@ -4,11 +4,14 @@
   LM head's next-token distribution after the assistant prompt, as RewardDance does. The yes and no
   token sets hold the first token of each spelling ("yes", "Yes", " yes", ...); P(yes) is the softmax
   mass of the yes set within yes ∪ no. With `per_frame`, progress[t] = P(yes) given frames 0..t.
-- `GVLProgressJudge` (kind `gvl_progress`): Generative Value Learning (GVL, arXiv:2411.04549). The
-  clip's frames are shown shuffled, the first frame kept first as the anchor, labelled "Frame k:";
-  the model answers a completion percentage per frame with greedy decoding, and the answer is parsed
-  and mapped back to time order. Shuffling breaks the temporal order a model would otherwise copy into
-  monotone answers. GVL's in-context example episodes are not supported.
+- `GVLProgressJudge` (kind `gvl_progress`): Generative Value Learning (GVL, arXiv:2411.04549), laid
+  out as OpenGVL does: the first frame is shown once as an "Initial scene:" context image (0%), then
+  all T frames shuffled, labelled "Frame k:"; the model answers a completion percentage per frame
+  with greedy decoding, and the answer is parsed and mapped back to time order. Shuffling breaks the
+  temporal order a model would otherwise copy into monotone answers, and no queried frame is pinned,
+  so a judge that guesses at random scores VOC ≈ 0. The shuffle is seeded by the request itself (its
+  `key` when given, else a hash of its text and pixels), never by its batch position, so a result
+  does not depend on its batch-mates. GVL's in-context example episodes are not supported.
 
 Both show the request's reference frames as the "Goal:" image(s) and its extra views per time step
 (see `vlm_rewards.models.inputs`). Neither has a native pairwise judgement: `prefer` is the default
@@ -17,6 +20,7 @@ Both show the request's reference frames as the "Goal:" image(s) and its extra v
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from collections.abc import Sequence
@@ -28,24 +32,29 @@ import torch
 from transformers import PreTrainedModel, ProcessorMixin
 
 from vlm_rewards.fingerprint import fingerprint
-from vlm_rewards.interface import BaseReward, OutputKind, RewardRequest, RewardResult, RewardSpec
+from vlm_rewards.interface import BaseReward, RewardRequest, RewardResult, RewardSpec
 from vlm_rewards.models.backbones import load_backbone
 from vlm_rewards.models.inputs import ClipBatch, ClipInputBuilder
-from vlm_rewards.models.reward_model import resolve_device, resolve_dtype
+from vlm_rewards.models.reward_network import resolve_device, resolve_dtype
 from vlm_rewards.registry import register
 
 YES_WORDS = ("yes", "Yes", " yes", " Yes", "YES", " YES")
 NO_WORDS = ("no", "No", " no", " No", "NO", " NO")
 DEFAULT_YES_NO_QUESTION = "Does this show the task '{text}' completed? Answer yes or no."
 DEFAULT_GVL_QUESTION = (
-    "The frames are shown in random order, except Frame 1, the initial scene at 0%. For each frame, estimate "
-    "the task completion percentage (0-100%) for '{text}'. Answer one line per frame as 'Frame k: p%'."
+    "The initial scene shows the task '{text}' at 0% completion. The frames after it are shown in random "
+    "order. For each frame, estimate the task completion percentage (0-100%). Answer one line per frame "
+    "as 'Frame k: p%'."
 )
-# "Frame 3: 45%", "**Frame 3** - about 45.5 %", "frame 3 = 45", or a bare "3: 45%" at the start of a line.
-PROGRESS_PATTERN = re.compile(
-    r"(?:\bframe\s*(?P<frame>\d+)|^[ \t]*(?P<bare>\d+))[*\s]*[:=\-–—][^\d\n-]*?(?P<value>-?\d+(?:\.\d+)?)",
+# A frame label: "Frame 3:", "**Frame 3** -", "frame 3 =", "Frame #3)", or a bare "3:" at the start of a line.
+FRAME_LABEL_PATTERN = re.compile(
+    r"(?:\bframe\s*#?\s*(?P<frame>\d+)|^[ \t]*(?P<bare>\d+))[*\s]*(?:[:=)\-–—]|\.(?!\d))",
     re.IGNORECASE | re.MULTILINE,
 )
+PERCENT_PATTERN = re.compile(r"(?<![\d.])(?P<value>-?\d+(?:\.\d+)?)\s*%")
+NUMBER_PATTERN = re.compile(r"(?<![\d.])-?\d+(?:\.\d+)?(?![\d.])")
+COMPLETION_PATTERN = re.compile(r"complet|progress", re.IGNORECASE)
+PARSER_VERSION = (FRAME_LABEL_PATTERN.pattern, PERCENT_PATTERN.pattern, NUMBER_PATTERN.pattern, "completion-first")
 # Params that change how fast a judge runs, not what it answers; left out of the version.
 RUNTIME_PARAMS = {"device", "dtype", "batch_size", "name"}
 
@@ -82,7 +91,8 @@ class ChatJudge(BaseReward):
         model: PreTrainedModel,
         processor: ProcessorMixin,
         params: JudgeParams,
-        output: OutputKind,
+        dense: bool,
+        causal: bool,
         decoding: object,
     ):
         """`decoding`: whatever else decides the answers (token sets, parser), folded into the version."""
@@ -98,10 +108,12 @@ class ChatJudge(BaseReward):
         self.spec = RewardSpec(
             name=params.name,
             version=fingerprint(type(self).__name__, params.model_dump(exclude=RUNTIME_PARAMS), decoding),
-            output=output,
+            dense=dense,
+            causal=causal,
             value_range=(0.0, 1.0),
             frame_size=(self.builder.vision.factor, 1 << 16),
             max_frames=params.max_frames,
+            max_text_length=context_text_limit(model),
         )
 
     @classmethod
@@ -120,6 +132,26 @@ class ChatJudge(BaseReward):
         questions = [self.params.question.format(text=request.text) for request in requests]
         batch = self.builder.build(requests, question=questions, add_generation_prompt=True, frame_orders=frame_orders)
         return batch.to(self.model.device)
+
+
+CHARS_PER_TOKEN = 3  # a generous average: English BPE text runs about 4 characters per token
+
+
+def context_window(model: PreTrainedModel) -> int | None:
+    """The language model's context in tokens (`max_position_embeddings`), None if it has none."""
+    context = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    return int(context) if context else None
+
+
+def context_text_limit(model: PreTrainedModel) -> int | None:
+    """`spec.max_text_length` of a judge: the context window × CHARS_PER_TOKEN characters.
+
+    A text this long fills the whole context on its own (frames and question come on top), so it is
+    rejected at the boundary before any tokenising or forward pass; shorter texts that still overflow
+    with the frames are caught after encoding (see `GVLProgressJudge.generate`).
+    """
+    context = context_window(model)
+    return None if context is None else context * CHARS_PER_TOKEN
 
 
 def answer_token_ids(tokenizer, words: Sequence[str]) -> list[int]:
@@ -168,9 +200,9 @@ def clip_prefixes(request: RewardRequest) -> list[RewardRequest]:
 
 @register("vlm_judge")
 class YesNoJudge(ChatJudge):
-    """reward = P(yes) to a yes/no question about the clip; aux: p_yes, logit_yes, logit_no.
+    """reward = P(yes) to a yes/no question about the clip; info: p_yes, logit_yes, logit_no.
 
-    With `per_frame`, progress[t] = P(yes) given frames 0..t (one forward per prefix) and the aux
+    With `per_frame`, progress[t] = P(yes) given frames 0..t (one forward per prefix) and the info
     values are those of the whole clip.
     """
 
@@ -184,7 +216,8 @@ class YesNoJudge(ChatJudge):
             model,
             processor,
             params,
-            output="progress" if params.per_frame else "scalar",
+            dense=params.per_frame,
+            causal=params.per_frame,  # progress[t] reads only frames 0..t
             decoding=(YES_WORDS, NO_WORDS),
         )
         self.yes_ids = answer_token_ids(self.tokenizer, YES_WORDS)
@@ -203,9 +236,9 @@ class YesNoJudge(ChatJudge):
         for request in requests:
             start, end = end, end + (request.num_frames if self.params.per_frame else 1)
             last = end - 1
-            aux = {"p_yes": float(p_yes[last]), "logit_yes": float(logit_yes[last]), "logit_no": float(logit_no[last])}
+            info = {"p_yes": float(p_yes[last]), "logit_yes": float(logit_yes[last]), "logit_no": float(logit_no[last])}
             progress = p_yes[start:end] if self.params.per_frame else None
-            results.append(RewardResult(reward=float(p_yes[last]), progress=progress, aux=aux))
+            results.append(RewardResult(reward=float(p_yes[last]), progress=progress, info=info))
         return results
 
     def readout(self, requests: Sequence[RewardRequest]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -217,41 +250,84 @@ class YesNoJudge(ChatJudge):
 
 def parse_progress_answer(answer: str, num_frames: int) -> np.ndarray:
     """Per shown frame k = 1..num_frames, the percentage the answer gives it, clipped to [0, 100] and
-    divided by 100; NaN where none is given. The first value given for a frame wins and frame numbers
-    outside 1..num_frames are ignored. A fraction like "0.45" is read as 0.45%, not 45%."""
+    divided by 100; NaN where none is given.
+
+    The answer is cut at its frame labels ("Frame k:", or "k:" at the start of a line); frame k's
+    value comes from its segment, up to the next label: the first number followed by "%" after the
+    last mention of completion/progress, else the first number followed by "%", else the segment's
+    number if it has exactly one ("Frame 2: 45"). So "Frame 2: top-left, 90%" reads 90% and
+    "Frame 2: 2 blocks stacked, 60%" reads 60%, not 2%; "Frame 2: 2 blocks, 60" (no %) is ambiguous
+    and stays NaN. The first value given for a frame wins; frame numbers outside 1..num_frames are
+    ignored. A fraction like "0.45" is read as 0.45%, not 45%.
+    """
     values = np.full(num_frames, np.nan)
-    for match in PROGRESS_PATTERN.finditer(answer):
-        index = int(match["frame"] or match["bare"]) - 1
-        if 0 <= index < num_frames and math.isnan(values[index]):
-            values[index] = min(max(float(match["value"]), 0.0), 100.0) / 100.0
+    labels = list(FRAME_LABEL_PATTERN.finditer(answer))
+    for label, following in zip(labels, [*labels[1:], None]):
+        index = int(label["frame"] or label["bare"]) - 1
+        if not 0 <= index < num_frames or not math.isnan(values[index]):
+            continue
+        value = segment_percentage(answer[label.end() : following.start() if following else len(answer)])
+        if value is not None:
+            values[index] = min(max(value, 0.0), 100.0) / 100.0
     return values
+
+
+def segment_percentage(segment: str) -> float | None:
+    """The percentage one frame's part of an answer gives (see `parse_progress_answer`), or None."""
+    mentions = list(COMPLETION_PATTERN.finditer(segment))
+    if mentions and (after := PERCENT_PATTERN.search(segment, mentions[-1].end())):
+        return float(after["value"])
+    if percent := PERCENT_PATTERN.search(segment):
+        return float(percent["value"])
+    numbers = NUMBER_PATTERN.findall(segment)
+    return float(numbers[0]) if len(numbers) == 1 else None
 
 
 def progress_result(answer: str, frame_order: Sequence[int]) -> RewardResult:
     """The result for a GVL answer about frames shown in `frame_order` (shown k-th = original frame_order[k]).
 
-    reward: the last frame's progress, else the latest parsed frame's; NaN with aux["error"] if none parsed.
+    reward: the last frame's progress, else the latest parsed frame's; NaN if none parsed.
+    info: answer, frame_order, unparsed_frames (original indices left NaN). `error` is set whenever a
+    frame could not be parsed (its progress is NaN), even if the reward is finite.
     """
     progress = np.empty(len(frame_order))
     progress[list(frame_order)] = parse_progress_answer(answer, len(frame_order))
     parsed = np.flatnonzero(~np.isnan(progress))
-    aux = {
-        "answer": answer,
-        "frame_order": list(frame_order),
-        "unparsed_frames": np.flatnonzero(np.isnan(progress)).tolist(),
-    }
+    unparsed = np.flatnonzero(np.isnan(progress)).tolist()
+    info = {"answer": answer, "frame_order": [int(t) for t in frame_order], "unparsed_frames": unparsed}
     if parsed.size == 0:
-        aux["error"] = f"no 'Frame k: p%' line could be parsed from the answer {answer[:200]!r}"
-        return RewardResult(reward=math.nan, progress=progress, aux=aux)
-    return RewardResult(reward=float(progress[parsed[-1]]), progress=progress, aux=aux)
+        error = f"no 'Frame k: p%' line could be parsed from the answer {answer[:200]!r}"
+        return RewardResult(reward=math.nan, progress=progress, info=info, error=error)
+    error = f"no percentage parsed for frames {unparsed} (time order) from the answer" if unparsed else None
+    return RewardResult(reward=float(progress[parsed[-1]]), progress=progress, info=info, error=error)
+
+
+def gvl_frame_order(request: RewardRequest, seed: int = 0) -> list[int]:
+    """The order GVL shows `request`'s frames in: a permutation of range(T) that depends only on the
+    request (its `key` when given, else its text and pixels) and `seed`, never on its batch-mates."""
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(f"{request.num_frames}\0{request.text}\0".encode())
+    if request.key is not None:
+        digest.update(repr(("key", request.key.source, request.key.episode, request.key.frame)).encode())
+    else:
+        arrays = [request.frames, request.reference, *(request.views[name] for name in sorted(request.views))]
+        for array in arrays:
+            if array is not None:
+                digest.update(repr(array.shape).encode())
+                digest.update(np.ascontiguousarray(array).data)
+    words = np.frombuffer(digest.digest(), dtype=np.uint32).tolist()
+    return np.random.default_rng([seed, *words]).permutation(request.num_frames).tolist()
 
 
 @register("gvl_progress")
 class GVLProgressJudge(ChatJudge):
     """Zero-shot per-frame progress from a generated answer (see the module docstring).
 
-    aux: answer (raw text), frame_order (original index of each shown frame), unparsed_frames (original
-    indices with NaN progress). A clip's shuffle depends only on `seed` and its index in the batch.
+    info: answer (raw text), frame_order (original index of each shown frame), unparsed_frames
+    (original indices with NaN progress); `error` says which frames could not be parsed. The spec is
+    dense, not causal (every frame's value is read from one answer about the whole clip), batch
+    invariant (the shuffle is seeded by the request, see `gvl_frame_order`) and deterministic (greedy
+    decoding). `max_text_length` comes from the model's context window, as for every `ChatJudge`.
     """
 
     class Params(JudgeParams):
@@ -261,16 +337,17 @@ class GVLProgressJudge(ChatJudge):
         seed: int = 0
 
     def __init__(self, model: PreTrainedModel, processor: ProcessorMixin, params: Params):
-        super().__init__(model, processor, params, output="progress", decoding=PROGRESS_PATTERN.pattern)
+        super().__init__(
+            model, processor, params, dense=True, causal=False, decoding=("opengvl-layout", PARSER_VERSION)
+        )
 
-    def frame_order(self, index: int, num_frames: int) -> list[int]:
-        """The order the `index`-th request's frames are shown in: frame 0 first, the rest shuffled."""
-        rng = np.random.default_rng([self.params.seed, index])
-        return [0, *(rng.permutation(num_frames - 1) + 1).tolist()]
+    def frame_order(self, request: RewardRequest) -> list[int]:
+        """The order `request`'s frames are shown in (all of them shuffled; see `gvl_frame_order`)."""
+        return gvl_frame_order(request, self.params.seed)
 
     @torch.inference_mode()
     def _score(self, requests: list[RewardRequest]) -> list[RewardResult]:
-        orders = [self.frame_order(index, request.num_frames) for index, request in enumerate(requests)]
+        orders = [self.frame_order(request) for request in requests]
         size = self.params.batch_size
         answers = [
             answer
@@ -279,8 +356,25 @@ class GVLProgressJudge(ChatJudge):
         ]
         return [progress_result(answer, order) for answer, order in zip(answers, orders)]
 
+    def encode(self, requests: Sequence[RewardRequest], frame_orders: Sequence[Sequence[int]]) -> ClipBatch:
+        """The prompts: instruction, the first frame as "Initial scene:", the shuffled frames, the question."""
+        questions = [self.params.question.format(text=request.text) for request in requests]
+        batch = self.builder.build(
+            requests, question=questions, add_generation_prompt=True, frame_orders=frame_orders, initial_scene=True
+        )
+        return batch.to(self.model.device)
+
     def generate(self, requests: Sequence[RewardRequest], frame_orders: Sequence[Sequence[int]]) -> list[str]:
         """The greedy answers for one batch of requests shown in `frame_orders`."""
         inputs = self.encode(requests, frame_orders).model_inputs
+        context = context_window(self.model)
+        lengths = inputs["attention_mask"].sum(-1).tolist()
+        if context is not None and max(lengths) + self.params.max_new_tokens > context:
+            row = max(range(len(lengths)), key=lengths.__getitem__)
+            raise ValueError(
+                f"{self.spec.name}: request {requests[row].key or row} needs {lengths[row]} prompt tokens + "
+                f"max_new_tokens {self.params.max_new_tokens}, more than the model's context of {context} "
+                "tokens; shorten the text or show fewer or smaller frames"
+            )
         output = self.model.generate(**inputs, max_new_tokens=self.params.max_new_tokens, do_sample=False)
         return self.tokenizer.batch_decode(output[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)

@@ -18,6 +18,7 @@ from typing import Annotated, TypeVar
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
 
 from vlm_rewards.config import JobConfig, dump_config, load_job_config
 
@@ -108,7 +109,20 @@ def demo(args: JobArgs = None) -> None:
     """Score synthetic clips of four policies with a configured reward; print a table and save a plot."""
     from vlm_rewards.demo import DemoConfig, run_demo
 
-    run_config_job(DemoConfig, lambda config: run_demo(config, console), args)
+    run_config_job(DemoConfig, lambda config: console.print(policy_table(run_demo(config))), args)
+
+
+def policy_table(results: dict[str, list]) -> Table:
+    """Mean reward (and mean of each component) per policy of the demo."""
+    import numpy as np
+
+    components = sorted({name for batch in results.values() for result in batch for name in result.components})
+    table = Table("policy", "mean reward", "std", *components, title="reward by policy (higher should be better)")
+    for policy, batch in results.items():
+        rewards = np.array([result.reward for result in batch])
+        means = [f"{np.mean([result.components.get(name, np.nan) for result in batch]):.3f}" for name in components]
+        table.add_row(policy, f"{rewards.mean():.3f}", f"{rewards.std():.3f}", *means)
+    return table
 
 
 @app.command("train-rm")

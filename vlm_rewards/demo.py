@@ -1,16 +1,15 @@
 """`vlmr demo`: score procedurally generated clips of four policies with any configured reward.
 
 A good progress reward ranks expert clips above wrong-object, wrong-goal and random ones; the demo
-prints that ranking and saves a box plot of the rewards per policy.
+returns the results by policy (the CLI prints the table) and saves a box plot of the rewards per policy.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import numpy as np
-from rich.console import Console
-from rich.table import Table
 
 from vlm_rewards.config import JobConfig
 from vlm_rewards.data.synthetic import Policy, ShapesWorld
@@ -18,6 +17,7 @@ from vlm_rewards.evaluation.plots import plot_reward_distributions
 from vlm_rewards.interface import RewardModel, RewardRequest, RewardResult, SampleKey
 from vlm_rewards.registry import build_reward
 
+logger = logging.getLogger(__name__)
 POLICIES: tuple[Policy, ...] = ("expert", "wrong_goal", "wrong_object", "random")
 
 
@@ -43,24 +43,13 @@ def synthetic_requests(config: DemoConfig) -> dict[str, list[RewardRequest]]:
     return requests
 
 
-def run_demo(config: DemoConfig, console: Console | None = None) -> dict[str, list[RewardResult]]:
-    console = console or Console()
+def run_demo(config: DemoConfig) -> dict[str, list[RewardResult]]:
+    """Score every policy's clips, save the box plot, and return the results by policy."""
     reward: RewardModel = build_reward(config.reward)
-    console.print(f"[bold]reward[/] {reward.spec.name} (version {reward.spec.version}, dense {reward.spec.dense})")
+    logger.info("reward %s (version %s, dense %s)", reward.spec.name, reward.spec.version, reward.spec.dense)
     results = {policy: reward.score(batch) for policy, batch in synthetic_requests(config).items()}
-    console.print(summary_table(results))
     plot_path = config.output_dir / "rewards_by_policy.png"
     rewards_by_policy = {policy: [r.reward for r in policy_results] for policy, policy_results in results.items()}
     plot_reward_distributions(plot_path, rewards_by_policy, f"{reward.spec.name}: reward per policy")
-    console.print(f"plot: {plot_path}")
+    logger.info("plot: %s", plot_path)
     return results
-
-
-def summary_table(results: dict[str, list[RewardResult]]) -> Table:
-    components = sorted({name for batch in results.values() for result in batch for name in result.components})
-    table = Table("policy", "mean reward", "std", *components, title="reward by policy (higher should be better)")
-    for policy, policy_results in results.items():
-        rewards = np.array([r.reward for r in policy_results])
-        means = [f"{np.mean([r.components.get(name, np.nan) for r in policy_results]):.3f}" for name in components]
-        table.add_row(policy, f"{rewards.mean():.3f}", f"{rewards.std():.3f}", *means)
-    return table

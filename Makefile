@@ -1,5 +1,5 @@
 # Two entry points for a fresh machine: `make demo` (set up, then run the main job on embedded
-# defaults) and `make test` (set up, then run the test suite). Setup is idempotent.
+# defaults) and `make test` (set up, lint with ruff, then run the test suite). Setup is idempotent.
 PYTHON := .venv/bin/python
 VLMR := .venv/bin/vlmr
 
@@ -13,6 +13,7 @@ demo: setup
 	MUJOCO_GL=egl $(VLMR) demo
 
 test: setup
+	.venv/bin/ruff check .
 	MUJOCO_GL=egl HF_HUB_OFFLINE=1 $(PYTHON) -m pytest -n 2 -q
 
 lint: setup

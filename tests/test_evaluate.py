@@ -29,7 +29,7 @@ def test_pixel_baseline_tracks_progress_but_ignores_language(tmp_path):
 
 
 def test_a_clock_is_caught_by_reversed_clips(tmp_path):
-    reward = {"kind": "function", "function": "tests.test_evaluate:clock", "output": "progress"}
+    reward = {"kind": "function", "function": "tests.test_evaluate:clock", "dense": True}
     metrics = run_eval(small_eval(tmp_path, reward, evaluate_pairs=True))
     assert metrics["voc_expert"] == pytest.approx(1.0)
     assert metrics["voc_reversed"] == pytest.approx(1.0)  # a real progress model must go negative here
@@ -46,4 +46,4 @@ def test_frame_pair_accuracy():
 
 def test_progress_metrics_need_progress(tmp_path):
     with pytest.raises(ValueError, match="motion_penalty returns no per-frame progress"):
-        run_eval(small_eval(tmp_path, "motion_penalty"))
+        run_eval(small_eval(tmp_path, "motion_penalty", evaluate_pairs=False))

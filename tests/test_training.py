@@ -54,8 +54,8 @@ def test_training_writes_a_usable_reward_model(tmp_path, task_overrides):
     assert (tmp_path / "model" / "reward_model.json").exists()
     assert (tmp_path / "training_curves.png").stat().st_size > 1000
     assert json.loads((tmp_path / "metrics.json").read_text())["step"] == 6
-    reward = build_reward({"kind": "vlm_reward_model", "model": str(tmp_path / "model")})
-    key = "voc_expert" if reward.spec.output == "progress" else "pair_accuracy"
+    reward = build_reward({"kind": "trained_rm", "model": str(tmp_path / "model")})
+    key = "voc_expert" if reward.spec.dense else "pair_accuracy"
     assert key in metrics
     history = json.loads((tmp_path / "history.json").read_text())
     assert [step for step, _ in history["train/loss"]] == list(range(1, 7))

@@ -1,5 +1,7 @@
 import hashlib
 import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 
@@ -7,3 +9,40 @@ def fingerprint(*parts: Any) -> str:
     """A short stable hash of JSON-serialisable parts: weights ids, preprocessing, prompts."""
     payload = json.dumps(parts, sort_keys=True, default=str).encode()
     return hashlib.sha256(payload).hexdigest()[:12]
+
+
+def sha256_file(path: str | Path, chunk_size: int = 1 << 20) -> str:
+    """The hex sha256 of a file's bytes, read in chunks (weights may be many GB)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while chunk := file.read(chunk_size):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fingerprint_files(folder: str | Path, exclude: Iterable[str] = ()) -> dict[str, str]:
+    """{relative path: sha256} of every file under `folder` (sorted, POSIX paths), bar `exclude`d relative paths.
+
+    Hidden files (a leading dot in any path part, e.g. temporary files of an atomic write) are left out.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ValueError(f"{folder}: not a folder")
+    skipped = set(exclude)
+    hashes = {}
+    for path in sorted(folder.rglob("*")):
+        relative = path.relative_to(folder).as_posix()
+        if not path.is_file() or relative in skipped or any(part.startswith(".") for part in Path(relative).parts):
+            continue
+        hashes[relative] = sha256_file(path)
+    return hashes
+
+
+def changed_files(recorded: Mapping[str, str], actual: Mapping[str, str]) -> list[str]:
+    """Relative paths whose hash differs between two `fingerprint_files` results, with why."""
+    changes = [
+        f"{name} (changed)" for name in sorted(recorded.keys() & actual.keys()) if recorded[name] != actual[name]
+    ]
+    changes += [f"{name} (missing)" for name in sorted(recorded.keys() - actual.keys())]
+    changes += [f"{name} (not recorded)" for name in sorted(actual.keys() - recorded.keys())]
+    return changes

@@ -7,13 +7,14 @@ scenes, tasks and trajectories are continuous draws, so two seeds never share an
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import get_args
+from typing import Any, get_args
 
 import numpy as np
-from tqdm.auto import tqdm
+import pydantic
 
 from vlm_rewards.config import JobConfig
 from vlm_rewards.data.episodes import (
@@ -26,7 +27,21 @@ from vlm_rewards.data.episodes import (
     write_pairs,
 )
 from vlm_rewards.data.synthetic import Policy, ShapesWorld
+from vlm_rewards.fingerprint import fingerprint
 
+logger = logging.getLogger(__name__)
+
+# A progress display for long loops, injected by the caller (the CLI passes a tqdm wrapper):
+# track(items, description) -> the same items. Library code defaults to `untracked`.
+Track = Callable[[Iterable[Any], str], Iterable[Any]]
+
+
+def untracked(items: Iterable[Any], description: str = "") -> Iterable[Any]:
+    return items
+
+
+# Bump when ShapesWorld or the builders change what a seed produces, so old synthetic builds are not reused.
+DATA_GENERATOR_VERSION = 1
 DEFAULT_POLICY_MIX: Mapping[str, float] = MappingProxyType(
     {"expert": 0.6, "random": 0.15, "wrong_object": 0.125, "wrong_goal": 0.125}
 )
@@ -43,6 +58,7 @@ def build_progress_dataset(
     policy_mix: Mapping[str, float] = DEFAULT_POLICY_MIX,
     frame_format: FrameFormat = "npz",
     name: str | None = None,
+    track: Track | None = None,
 ) -> EpisodeDataset:
     """ShapesWorld rollouts with geometric progress labels and the goal image as reference.
 
@@ -60,7 +76,7 @@ def build_progress_dataset(
     rng = np.random.default_rng(seed)
 
     def records() -> Iterator[EpisodeRecord]:
-        for episode_id in tqdm(range(num_episodes), desc=f"episodes -> {root}", unit="ep"):
+        for episode_id in (track or untracked)(range(num_episodes), f"episodes -> {root}"):
             policy = policies[rng.choice(len(policies), p=probabilities)]
             episode = world.rollout(rng, num_frames, policy)
             yield EpisodeRecord(
@@ -85,14 +101,21 @@ def build_progress_dataset(
 
 
 def build_preference_dataset(
-    root: str | Path, *, num_pairs: int, seed: int, size: int = 56, num_objects: int = 3, name: str | None = None
+    root: str | Path,
+    *,
+    num_pairs: int,
+    seed: int,
+    size: int = 56,
+    num_objects: int = 3,
+    name: str | None = None,
+    track: Track | None = None,
 ) -> PairDataset:
     """ShapesWorld image pairs: the chosen image has the prompted object nearer its region; margin = gap."""
     world = ShapesWorld(size=size, num_objects=num_objects)
     rng = np.random.default_rng(seed)
 
     def pairs() -> Iterator[PreferencePair]:
-        for pair_id in tqdm(range(num_pairs), desc=f"pairs -> {root}", unit="pair"):
+        for pair_id in (track or untracked)(range(num_pairs), f"pairs -> {root}"):
             prompt, chosen, rejected, gap = world.preference_pair(rng)
             yield PreferencePair(pair_id=pair_id, prompt=prompt, chosen=chosen, rejected=rejected, margin=gap)
 
@@ -101,20 +124,33 @@ def build_preference_dataset(
 
 
 class SyntheticData(JobConfig):
-    """ShapesWorld data for a job that names no dataset folder: built once, reused when complete."""
+    """ShapesWorld data for a job that names no dataset folder: built once, reused when complete.
 
-    num_episodes: int = 2000
-    num_pairs: int = 4000
-    num_frames: int = 16
-    frame_size: int = 56
-    num_objects: int = 3  # the named object plus distractors
+    Each build lives in a sub-folder of the job's data folder named by a fingerprint of every setting
+    that shapes it, so changed settings build new data and never silently reuse the old.
+    """
+
+    num_episodes: int = pydantic.Field(2000, ge=1)
+    num_pairs: int = pydantic.Field(4000, ge=1)
+    num_frames: int = pydantic.Field(16, ge=1)
+    frame_size: int = pydantic.Field(56, ge=8)
+    num_objects: int = pydantic.Field(3, ge=1)  # the named object plus distractors
     seed: int = 0
 
-    def episodes(self, folder: Path, name: str | None = None) -> EpisodeDataset:
+    def build_folder(self, folder: Path, kind: str, name: str | None = None) -> Path:
+        """Where the `kind` ("episodes" or "pairs") data of these settings lives under `folder`."""
+        settings = self.model_dump(exclude={"num_pairs"} if kind == "episodes" else {"num_episodes", "num_frames"})
+        return Path(folder) / f"{kind}-{fingerprint(kind, settings, name, DATA_GENERATOR_VERSION)}"
+
+    def episodes(self, folder: Path, name: str | None = None, track: Track | None = None) -> EpisodeDataset:
+        folder = self.build_folder(folder, "episodes", name)
         if (folder / "meta.json").exists():
+            logger.info("reusing synthetic episodes in %s", folder)
             return EpisodeDataset(folder)
+        logger.info("building %d synthetic episodes in %s", self.num_episodes, folder)
         return build_progress_dataset(
             folder,
+            track=track,
             num_episodes=self.num_episodes,
             seed=self.seed,
             num_frames=self.num_frames,
@@ -123,11 +159,15 @@ class SyntheticData(JobConfig):
             name=name,
         )
 
-    def pairs(self, folder: Path, name: str | None = None) -> PairDataset:
+    def pairs(self, folder: Path, name: str | None = None, track: Track | None = None) -> PairDataset:
+        folder = self.build_folder(folder, "pairs", name)
         if (folder / "meta.json").exists():
+            logger.info("reusing synthetic pairs in %s", folder)
             return PairDataset(folder)
+        logger.info("building %d synthetic pairs in %s", self.num_pairs, folder)
         return build_preference_dataset(
             folder,
+            track=track,
             num_pairs=self.num_pairs,
             seed=self.seed,
             size=self.frame_size,
@@ -137,12 +177,16 @@ class SyntheticData(JobConfig):
 
 
 def open_episodes(
-    given: Path | None, synthetic: SyntheticData, folder: Path, name: str | None = None
+    given: Path | None, synthetic: SyntheticData, folder: Path, name: str | None = None, track: Track | None = None
 ) -> EpisodeDataset:
-    """The episode folder a job names, else `synthetic` episodes built into (or reused from) `folder`."""
-    return EpisodeDataset(given) if given is not None else synthetic.episodes(folder, name)
+    """The episode folder a job names, else `synthetic` episodes built into (or reused from) a
+    fingerprint-named sub-folder of `folder`."""
+    return EpisodeDataset(given) if given is not None else synthetic.episodes(folder, name, track)
 
 
-def open_pairs(given: Path | None, synthetic: SyntheticData, folder: Path, name: str | None = None) -> PairDataset:
-    """The pair folder a job names, else `synthetic` pairs built into (or reused from) `folder`."""
-    return PairDataset(given) if given is not None else synthetic.pairs(folder, name)
+def open_pairs(
+    given: Path | None, synthetic: SyntheticData, folder: Path, name: str | None = None, track: Track | None = None
+) -> PairDataset:
+    """The pair folder a job names, else `synthetic` pairs built into (or reused from) a
+    fingerprint-named sub-folder of `folder`."""
+    return PairDataset(given) if given is not None else synthetic.pairs(folder, name, track)

@@ -1,14 +1,22 @@
 """On-disk datasets: episodes with per-frame progress labels, and preference pairs.
 
 Both formats are a folder with a parquet table, the pixels in separate files and a `meta.json`;
-`data/README.md` describes them column by column. Every file is written atomically, and the table
-and `meta.json` are written last, so a crashed writer never leaves a folder that looks complete.
+`data/README.md` describes them column by column. A dataset is written whole into a hidden temporary
+folder next to its destination and renamed into place when complete, so a crashed writer leaves
+neither a folder that looks complete nor a half-written one that blocks the next write (orphaned
+temporary folders of dead writers are removed by the next write).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import secrets
+import shutil
+import zipfile
+import zlib
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -153,11 +161,32 @@ def write_episodes(
     """
     if frame_format not in FRAME_FORMATS:
         raise ValueError(f"frame_format must be one of {FRAME_FORMATS}, got {frame_format!r}")
-    root = Path(root)
-    table_path = root / "episodes.parquet"
-    if table_path.exists():
-        raise FileExistsError(f"{table_path} exists; write a new dataset into an empty folder")
+    final_root = Path(root)
+    _check_destination(final_root, "episodes.parquet")
+    dataset_name = name or final_root.resolve().name
+    with _atomic_folder(final_root) as root:
+        frame_size, clip_names, count, num_rows = _write_episode_files(root, records, frame_format, fps)
+        meta = {
+            "format": "vlm-rewards/episodes",
+            "format_version": FORMAT_VERSION,
+            "name": dataset_name,
+            "fps": fps,
+            "frame_size": list(frame_size),
+            "frame_format": frame_format,
+            "clips": clip_names,
+            "num_episodes": count,
+            "num_frames": num_rows,
+            "generator": dict(generator) if generator else None,
+        }
+        write_json(root / "meta.json", meta)
+    return EpisodeDataset(final_root)
 
+
+def _write_episode_files(
+    root: Path, records: Iterable[EpisodeRecord], frame_format: FrameFormat, fps: int
+) -> tuple[Any, list[str], int, int]:
+    """Frames and episodes.parquet into `root`; returns (frame size, clip names, episodes, rows)."""
+    table_path = root / "episodes.parquet"
     columns: dict[str, list] = {column: [] for column in EPISODE_SCHEMA.names}
     seen_ids: set[int] = set()
     frame_size, clip_names = None, None
@@ -186,20 +215,54 @@ def write_episodes(
     table = pa.table({column: np.concatenate(parts) for column, parts in columns.items()}, schema=EPISODE_SCHEMA)
     with atomic_path(table_path) as temporary:
         pq.write_table(table, temporary)
-    meta = {
-        "format": "vlm-rewards/episodes",
-        "format_version": FORMAT_VERSION,
-        "name": name or root.resolve().name,
-        "fps": fps,
-        "frame_size": list(frame_size),
-        "frame_format": frame_format,
-        "clips": clip_names,
-        "num_episodes": len(seen_ids),
-        "num_frames": table.num_rows,
-        "generator": dict(generator) if generator else None,
-    }
-    write_json(root / "meta.json", meta)
-    return EpisodeDataset(root)
+    return frame_size, clip_names, len(seen_ids), table.num_rows
+
+
+def _check_destination(root: Path, table_name: str) -> None:
+    if (root / table_name).exists() or (root / "meta.json").exists():
+        raise FileExistsError(f"{root / table_name} exists; write a new dataset into an empty folder")
+    if root.exists() and (not root.is_dir() or any(root.iterdir())):
+        raise FileExistsError(f"{root} exists and is not an empty folder; write a new dataset into an empty folder")
+
+
+@contextlib.contextmanager
+def _atomic_folder(root: Path) -> Iterator[Path]:
+    """Yield a hidden temporary folder next to `root`; on success rename it to `root` (which must be
+    absent or an empty folder), on failure delete it. Orphans of dead writers are removed first."""
+    root.parent.mkdir(parents=True, exist_ok=True)
+    remove_orphaned_temporaries(root)
+    temporary = root.parent / f".{root.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    temporary.mkdir()
+    try:
+        yield temporary
+        _check_destination(root, "meta.json")
+        os.replace(temporary, root)  # onto an empty folder or no folder: one atomic rename
+    except BaseException:
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
+
+
+def remove_orphaned_temporaries(root: Path) -> list[Path]:
+    """Delete `.<root name>.<pid>.<token>.tmp` siblings of `root` whose writing process no longer runs."""
+    removed = []
+    for candidate in root.parent.glob(f".{root.name}.*.tmp"):
+        match = re.fullmatch(rf"\.{re.escape(root.name)}\.(\d+)\.[0-9a-f]+\.tmp", candidate.name)
+        if match and candidate.is_dir() and not _process_alive(int(match.group(1))):
+            shutil.rmtree(candidate, ignore_errors=True)
+            removed.append(candidate)
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def clip_location(stem: Path, frame_format: FrameFormat, clip_name: str) -> tuple[Path, str]:
@@ -298,7 +361,7 @@ class EpisodeDataset:
         clips = {}
         for clip_name in self.clip_names:
             path, key = clip_location(stem, self.frame_format, clip_name)
-            clip = read_clip(path, key)
+            clip = read_clip_checked(path, key)
             where = f"{path}[{key!r}]" if path.suffix == ".npz" else str(path)
             validate_clip(clip, where)
             if clip_name != "reference" and len(clip) != num_frames:
@@ -359,11 +422,24 @@ def write_pairs(
     generator: Mapping[str, Any] | None = None,
 ) -> PairDataset:
     """Write a pair dataset into the new folder `root` (items as npz) and return it opened."""
-    root = Path(root)
-    table_path = root / "pairs.parquet"
-    if table_path.exists():
-        raise FileExistsError(f"{table_path} exists; write a new dataset into an empty folder")
+    final_root = Path(root)
+    _check_destination(final_root, "pairs.parquet")
+    dataset_name = name or final_root.resolve().name
+    with _atomic_folder(final_root) as root:
+        count = _write_pair_files(root, pairs)
+        meta = {
+            "format": "vlm-rewards/pairs",
+            "format_version": FORMAT_VERSION,
+            "name": dataset_name,
+            "num_pairs": count,
+            "generator": dict(generator) if generator else None,
+        }
+        write_json(root / "meta.json", meta)
+    return PairDataset(final_root)
 
+
+def _write_pair_files(root: Path, pairs: Iterable[PreferencePair]) -> int:
+    table_path = root / "pairs.parquet"
     rows, seen_ids = [], set()
     for pair in pairs:
         if pair.pair_id in seen_ids:
@@ -378,15 +454,7 @@ def write_pairs(
 
     with atomic_path(table_path) as temporary:
         pq.write_table(pa.Table.from_pylist(rows, schema=PAIR_SCHEMA), temporary)
-    meta = {
-        "format": "vlm-rewards/pairs",
-        "format_version": FORMAT_VERSION,
-        "name": name or root.resolve().name,
-        "num_pairs": len(rows),
-        "generator": dict(generator) if generator else None,
-    }
-    write_json(root / "meta.json", meta)
-    return PairDataset(root)
+    return len(rows)
 
 
 class PairDataset:
@@ -436,7 +504,7 @@ class PairDataset:
 
     def _load_item(self, relative: str) -> np.ndarray:
         path = self.root / relative
-        frames = read_clip(path)
+        frames = read_clip_checked(path)
         validate_clip(frames, str(path))
         return frames
 
@@ -444,22 +512,51 @@ class PairDataset:
 # ----------------------------------------------------------------------------- shared readers
 
 
+def read_clip_checked(path: Path, key: str = "frames") -> np.ndarray:
+    """`read_clip`, with a corrupt or truncated file a ValueError naming it."""
+    try:
+        return read_clip(path, key)
+    except ValueError:
+        raise
+    except (OSError, EOFError, KeyError, zipfile.BadZipFile, zlib.error, RuntimeError) as error:
+        raise ValueError(f"{path}: unreadable or truncated ({type(error).__name__}: {error})") from None
+
+
+REQUIRED_META = {
+    "vlm-rewards/episodes": {"name": str, "frame_format": str, "clips": list},
+    "vlm-rewards/pairs": {"name": str},
+}
+
+
 def _read_meta(root: Path, expected_format: str) -> dict[str, Any]:
+    if not root.is_dir():
+        raise ValueError(f"{root}: no such dataset folder")
     path = root / "meta.json"
     _require_file(path)
-    meta = json.loads(path.read_text())
+    try:
+        meta = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path}: not valid JSON ({error})") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(meta).__name__}")
     if meta.get("format") != expected_format or meta.get("format_version") != FORMAT_VERSION:
         raise ValueError(
             f"{path}: format {meta.get('format')!r} version {meta.get('format_version')!r}, "
             f"expected {expected_format!r} version {FORMAT_VERSION}"
         )
+    for key, kind in REQUIRED_META[expected_format].items():
+        if not isinstance(meta.get(key), kind):
+            raise ValueError(f"{path}: key {key!r} missing or not a {kind.__name__} (got {meta.get(key)!r})")
     return meta
 
 
 def _read_table(path: Path, schema: pa.Schema, optional: Iterable[str] = ()) -> pa.Table:
     """Read a parquet table and check it has every column of `schema` (bar `optional`) with its type."""
     _require_file(path)
-    table = pq.read_table(path)
+    try:
+        table = pq.read_table(path)
+    except (OSError, pa.ArrowException) as error:
+        raise ValueError(f"{path}: not a readable parquet table ({error})") from None
     missing = [name for name in schema.names if name not in table.column_names and name not in optional]
     if missing:
         raise ValueError(f"{path}: missing column(s) {missing}; expected columns {schema.names}")
@@ -476,4 +573,4 @@ def _read_table(path: Path, schema: pa.Schema, optional: Iterable[str] = ()) -> 
 
 def _require_file(path: Path) -> None:
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: file not found")
+        raise ValueError(f"{path}: file not found")

@@ -5,10 +5,19 @@ reversed (should go negative) and on random-action clips (should sit near 0), pr
 success-detection AUC of the last frame's reward. Language use: the same expert clips scored with
 another episode's instruction should score lower. Preference metric: pairwise accuracy of
 `prefer(chosen, rejected)`. Writes metrics.json and PNG progress curves.
+
+Frames, episodes and pairs a reward could not score (NaN, as an LLM judge returns by design) are left
+out of every metric and counted: `num_unscored_frames`, `num_unscored_episodes`, `num_unscored_pairs`.
+Long episodes are scored the way `vlm_rewards.subsample.score_episodes` does: subsampled to the
+reward's frame budget, the values spread back to every frame.
+
+Library code: it logs through `logging` and shows progress only through an injected `track`
+(`vlm_rewards.data.build.Track`; the CLI passes a tqdm one).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -16,12 +25,9 @@ from typing import Any
 
 import numpy as np
 import pydantic
-from rich.console import Console
-from rich.table import Table
-from tqdm.auto import tqdm
 
 from vlm_rewards.config import JobConfig
-from vlm_rewards.data.build import SyntheticData, open_episodes, open_pairs
+from vlm_rewards.data.build import SyntheticData, Track, open_episodes, open_pairs, untracked
 from vlm_rewards.data.episodes import EpisodeDataset, EpisodeRecord, PairDataset
 from vlm_rewards.data.labels import mismatched_instruction
 from vlm_rewards.evaluation.metrics import mean_voc, pairwise_accuracy, progress_mae, success_auc
@@ -29,6 +35,9 @@ from vlm_rewards.evaluation.plots import plot_progress_curves
 from vlm_rewards.interface import RewardModel, RewardRequest, RewardResult
 from vlm_rewards.io import write_json
 from vlm_rewards.registry import build_reward
+from vlm_rewards.subsample import score_episodes
+
+logger = logging.getLogger(__name__)
 
 
 class EvalRMConfig(JobConfig):
@@ -41,53 +50,108 @@ class EvalRMConfig(JobConfig):
     )
     evaluate_pairs: bool | None = None  # None: only for preference models
     output_dir: Path = Path("outputs/eval_rm")
-    batch_size: int = 16
-    max_curves: int = 12
+    batch_size: int = pydantic.Field(16, ge=1)
+    max_curves: int = pydantic.Field(12, ge=1)
     seed: int = 0  # draws the mismatched instructions
+
+    @pydantic.field_validator("output_dir")
+    @classmethod
+    def _output_dir_named(cls, value: Path) -> Path:
+        return require_output_dir(value)
+
+
+def require_output_dir(value: Path) -> Path:
+    """Refuse an empty output_dir (`output_dir=` parses to "."): outputs would land in the working folder."""
+    if str(value).strip() in ("", "."):
+        raise ValueError("output_dir must name a folder; an empty value or '.' would write into the current folder")
+    return value
 
 
 def score_in_batches(
-    reward: RewardModel, requests: Sequence[RewardRequest], batch_size: int, desc: str = "scoring"
+    reward: RewardModel,
+    requests: Sequence[RewardRequest],
+    batch_size: int,
+    desc: str = "scoring",
+    track: Track | None = None,
 ) -> list[RewardResult]:
+    """Results in request order, `batch_size` requests per `score` call. Dense rewards score episodes
+    longer than `spec.max_frames` on a subsample and get per-frame values for every frame back."""
+    budget = reward.spec.max_frames if reward.spec.dense else None
     results: list[RewardResult] = []
-    for start in tqdm(range(0, len(requests), batch_size), desc=desc, unit="batch", leave=False):
-        results.extend(reward.score(requests[start : start + batch_size]))
+    for start in (track or untracked)(range(0, len(requests), batch_size), desc):
+        batch = list(requests[start : start + batch_size])
+        long = [i for i, request in enumerate(batch) if budget is not None and request.num_frames > budget]
+        if not long:
+            results.extend(reward.score(batch))
+            continue
+        # only episodes over the budget go through subsampling (whose interpolation fills unscored frames)
+        short = [i for i in range(len(batch)) if i not in set(long)]
+        scored = dict(zip(long, score_episodes(reward, [batch[i] for i in long])))
+        scored |= dict(zip(short, reward.score([batch[i] for i in short]) if short else []))
+        results.extend(scored[i] for i in range(len(batch)))
     return results
 
 
 def evaluate_progress(
-    reward: RewardModel, dataset: EpisodeDataset, batch_size: int, rng: np.random.Generator
+    reward: RewardModel,
+    dataset: EpisodeDataset,
+    batch_size: int,
+    rng: np.random.Generator,
+    track: Track | None = None,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """Progress metrics on an episode dataset, and per-episode curves for plotting."""
+    """Progress metrics on an episode dataset, and per-episode curves for plotting.
+
+    Unscored (NaN) frames and episodes are left out of each metric and counted in the metrics.
+    """
+    if not reward.spec.dense:
+        raise ValueError(f"{reward.spec.name} returns no per-frame progress; progress metrics need it")
     records = list(dataset)
     requests = [dataset.to_request(record) for record in records]
-    results = score_in_batches(reward, requests, batch_size, "episodes")
-    if any(result.progress is None for result in results):
-        raise ValueError(f"{reward.spec.name} returns no per-frame progress; progress metrics need it")
+    results = _with_progress(score_in_batches(reward, requests, batch_size, "episodes", track), requests)
     experts = [i for i, record in enumerate(records) if _is_expert(record)]
     randoms = [i for i, record in enumerate(records) if record.policy == "random"]
     reversed_clips = [dataset.to_request(records[i], range(records[i].num_frames - 1, -1, -1)) for i in experts]
-    reversed_results = score_in_batches(reward, reversed_clips, batch_size, "reversed clips")
+    reversed_results = _with_progress(
+        score_in_batches(reward, reversed_clips, batch_size, "reversed clips", track), reversed_clips
+    )
     instructions = dataset.instructions
     mismatched = [
         replace(requests[i], text=mismatched_instruction(records[i].instruction, instructions, rng)) for i in experts
     ]
-    mismatched_results = score_in_batches(reward, mismatched, batch_size, "mismatched instructions")
-    matched_rewards = np.array([results[i].reward for i in experts])
-    mismatched_rewards = np.array([result.reward for result in mismatched_results])
+    mismatched_results = score_in_batches(reward, mismatched, batch_size, "mismatched instructions", track)
+    matched_rewards = np.array([results[i].reward for i in experts], dtype=np.float64)
+    mismatched_rewards = np.array([result.reward for result in mismatched_results], dtype=np.float64)
+    both_scored = np.isfinite(matched_rewards) & np.isfinite(mismatched_rewards)
+    final_rewards = np.array([r.reward for r in results], dtype=np.float64)
+    scored_episodes = np.isfinite(final_rewards)
     metrics = {
         "voc_expert": mean_voc([results[i].progress for i in experts]),
         "voc_reversed": mean_voc([result.progress for result in reversed_results]),
         "voc_random": mean_voc([results[i].progress for i in randoms]) if randoms else float("nan"),
         "frame_pair_accuracy": frame_pair_accuracy([r.progress for r in results], [rec.progress for rec in records]),
         "progress_mae": float(np.nanmean([progress_mae(r.progress, rec.progress) for r, rec in zip(results, records)])),
-        "success_auc": success_auc(np.array([r.reward for r in results]), np.array([rec.success for rec in records])),
-        "reward_matched_instruction": float(matched_rewards.mean()),
-        "reward_mismatched_instruction": float(mismatched_rewards.mean()),
-        "mismatch_accuracy": float((matched_rewards > mismatched_rewards).mean()),
+        "success_auc": success_auc(
+            final_rewards[scored_episodes], np.array([rec.success for rec in records])[scored_episodes]
+        )
+        if scored_episodes.any()
+        else float("nan"),
+        "reward_matched_instruction": _nanmean(matched_rewards),
+        "reward_mismatched_instruction": _nanmean(mismatched_rewards),
+        "mismatch_accuracy": float((matched_rewards[both_scored] > mismatched_rewards[both_scored]).mean())
+        if both_scored.any()
+        else float("nan"),
         "num_episodes": len(records),
         "num_expert_episodes": len(experts),
+        "num_unscored_frames": int(sum(np.isnan(r.progress).sum() for r in results)),
+        "num_unscored_episodes": int((~scored_episodes).sum()),
     }
+    if metrics["num_unscored_frames"]:
+        logger.warning(
+            "%s left %d frame(s) in %d episode(s) unscored; metrics leave them out",
+            reward.spec.name,
+            metrics["num_unscored_frames"],
+            sum(bool(np.isnan(r.progress).any()) for r in results),
+        )
     curves = [
         {"title": f"{rec.policy or 'episode'} {rec.episode_id}", "predicted": r.progress, "label": rec.progress}
         for r, rec in zip(results, records)
@@ -95,50 +159,67 @@ def evaluate_progress(
     return metrics, curves
 
 
-def evaluate_pair_dataset(reward: RewardModel, pairs: PairDataset, batch_size: int) -> dict[str, float]:
+def evaluate_pair_dataset(
+    reward: RewardModel, pairs: PairDataset, batch_size: int, track: Track | None = None
+) -> dict[str, float]:
+    """Pairwise accuracy of `prefer`; pairs it could not judge (NaN) are left out and counted."""
     chosen, rejected = zip(*(pairs.to_requests(pair) for pair in pairs))
     probabilities = np.concatenate(
         [
-            reward.prefer(chosen[start : start + batch_size], rejected[start : start + batch_size])
-            for start in tqdm(range(0, len(chosen), batch_size), desc="pairs", unit="batch", leave=False)
+            np.asarray(reward.prefer(chosen[start : start + batch_size], rejected[start : start + batch_size]), float)
+            for start in (track or untracked)(range(0, len(chosen), batch_size), "pairs")
         ]
     )
     ties = np.array([pair.tie for pair in pairs])
+    judged = ~np.isnan(probabilities)
     return {
-        "pair_accuracy": pairwise_accuracy(probabilities, np.ones(len(probabilities), bool), ties),
+        "pair_accuracy": pairwise_accuracy(probabilities[judged], np.ones(int(judged.sum()), bool), ties[judged])
+        if judged.any()
+        else float("nan"),
         "num_pairs": len(probabilities),
+        "num_unscored_pairs": int((~judged).sum()),
     }
 
 
-def run_eval(config: EvalRMConfig, console: Console | None = None, reward: RewardModel | None = None) -> dict:
-    console = console or Console()
+def run_eval(config: EvalRMConfig, track: Track | None = None, reward: RewardModel | None = None) -> dict:
+    """Evaluate `reward` (default: built from config.reward); writes metrics.json and returns the metrics.
+
+    `track` shows progress (the CLI passes tqdm); a non-callable (the old CLI's Console) is ignored.
+    """
+    track = track if callable(track) else None
     reward = reward or build_reward(config.reward)
-    evaluate_pairs = reward.spec.output == "preference" if config.evaluate_pairs is None else config.evaluate_pairs
+    evaluate_pairs = (not reward.spec.dense) if config.evaluate_pairs is None else config.evaluate_pairs
     rng = np.random.default_rng(config.seed)
     metrics: dict[str, Any] = {"reward": reward.spec.name, "version": reward.spec.version}
-    if reward.spec.output != "preference":
-        progress_metrics, curves = evaluate_progress(
-            reward,
-            open_episodes(config.episodes, config.synthetic, config.output_dir / "data" / "episodes", "shapes-heldout"),
-            config.batch_size,
-            rng,
+    if reward.spec.dense:
+        episodes = open_episodes(
+            config.episodes, config.synthetic, config.output_dir / "data" / "episodes", "shapes-heldout", track
         )
+        progress_metrics, curves = evaluate_progress(reward, episodes, config.batch_size, rng, track)
         metrics |= progress_metrics
         experts_first = sorted(curves, key=lambda curve: not curve["title"].startswith("expert"))
         plot_progress_curves(config.output_dir / "progress_curves.png", experts_first, config.max_curves)
     if evaluate_pairs:
-        metrics |= evaluate_pair_dataset(
-            reward,
-            open_pairs(config.pairs, config.synthetic, config.output_dir / "data" / "pairs", "shapes-heldout-pairs"),
-            config.batch_size,
+        pairs = open_pairs(
+            config.pairs, config.synthetic, config.output_dir / "data" / "pairs", "shapes-heldout-pairs", track
+        )
+        metrics |= evaluate_pair_dataset(reward, pairs, config.batch_size, track)
+    elif not reward.spec.dense:
+        raise ValueError(
+            f"{reward.spec.name} returns no per-frame progress; progress metrics need it (and evaluate_pairs is false)"
         )
     write_json(config.output_dir / "metrics.json", metrics)
-    console.print(metrics_table(metrics))
-    console.print(f"wrote {config.output_dir / 'metrics.json'}")
+    logger.info(
+        "%s: %s", metrics["reward"], ", ".join(f"{k}={v:.3f}" for k, v in metrics.items() if isinstance(v, float))
+    )
+    logger.info("wrote %s", config.output_dir / "metrics.json")
     return metrics
 
 
-def metrics_table(metrics: dict[str, Any]) -> Table:
+def metrics_table(metrics: dict[str, Any]):
+    """The float metrics as a rich Table, for the CLI to print (rich is imported only here)."""
+    from rich.table import Table
+
     table = Table("metric", "value", title=f"{metrics['reward']} ({metrics['version']})")
     for key, value in metrics.items():
         if isinstance(value, float):
@@ -146,19 +227,38 @@ def metrics_table(metrics: dict[str, Any]) -> Table:
     return table
 
 
+def _with_progress(results: list[RewardResult], requests: Sequence[RewardRequest]) -> list[RewardResult]:
+    """An errored result without progress gets all-NaN progress (every frame unscored)."""
+    return [
+        replace(result, progress=np.full(request.num_frames, np.nan)) if result.progress is None else result
+        for result, request in zip(results, requests)
+    ]
+
+
+def _nanmean(values: np.ndarray) -> float:
+    finite = values[np.isfinite(values)]
+    return float(finite.mean()) if len(finite) else float("nan")
+
+
 def _is_expert(record: EpisodeRecord) -> bool:
     return record.policy == "expert" if record.policy is not None else record.success
 
 
 def frame_pair_accuracy(predicted: Sequence[np.ndarray], labels: Sequence[np.ndarray], min_gap: float = 0.1) -> float:
-    """Within each episode, how often two frames whose labels differ by ≥ min_gap are ordered right."""
+    """Within each episode, how often two frames whose labels differ by ≥ min_gap are ordered right.
+
+    Pairs with an unscored (NaN) frame are left out; NaN when no pair is left.
+    """
     predicted_gaps, label_gaps = [], []
     for values, label in zip(predicted, labels):
+        values = np.asarray(values, dtype=np.float64)
         earlier, later = np.triu_indices(len(label), k=1)
         label_gap = label[later] - label[earlier]
-        keep = np.abs(label_gap) >= min_gap
+        keep = (np.abs(label_gap) >= min_gap) & ~np.isnan(values[later]) & ~np.isnan(values[earlier])
         predicted_gaps.append(values[later][keep] - values[earlier][keep])
         label_gaps.append(label_gap[keep])
     # P(later frame ahead) is 1, 0, or 0.5 for a predicted tie, which pairwise_accuracy gives half credit
     p_later_ahead = 0.5 + 0.5 * np.sign(np.concatenate(predicted_gaps))
+    if len(p_later_ahead) == 0:
+        return float("nan")
     return pairwise_accuracy(p_later_ahead, np.concatenate(label_gaps) > 0)

@@ -83,7 +83,7 @@ def bradley_terry_loss(
     loss = -F.logsigmoid(difference)
     if tie is not None:
         tie_loss = F.binary_cross_entropy_with_logits(
-            chosen.float() - rejected.float(), torch.full_like(difference, 0.5)
+            chosen.float() - rejected.float(), torch.full_like(difference, 0.5), reduction="none"
         )
         loss = torch.where(tie.bool(), tie_loss, loss)
     return loss.mean()

@@ -5,13 +5,20 @@
 
 A checkpoint is one folder that is also a loadable backbone: the backbone's config, weights and
 processor, plus `reward_head.safetensors` and `reward_model.json` (task, head, input settings, version).
-`VLMReward` puts a checkpoint behind the reward interface.
+`TrainedRewardModel` puts a checkpoint behind the reward interface.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
+import math
+import os
+import re
+import secrets
+import shutil
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Literal
@@ -19,12 +26,13 @@ from typing import Literal
 import numpy as np
 import pydantic
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from vlm_rewards.fingerprint import fingerprint
-from vlm_rewards.interface import BaseReward, RewardRequest, RewardResult, RewardSpec
-from vlm_rewards.io import atomic_path, write_json
+from vlm_rewards.fingerprint import changed_files, fingerprint, fingerprint_files
+from vlm_rewards.interface import REFERENCE, BaseReward, RewardRequest, RewardResult, RewardSpec
+from vlm_rewards.io import make_readable, write_json
 from vlm_rewards.models.backbones import load_backbone
 from vlm_rewards.models.heads import HeadKind, RewardHead
 from vlm_rewards.models.inputs import ClipBatch, ClipInputBuilder
@@ -35,7 +43,7 @@ CONFIG_FILE = "reward_model.json"
 Task = Literal["progress", "preference"]
 
 
-class RewardModelConfig(pydantic.BaseModel, extra="forbid"):
+class RewardNetworkConfig(pydantic.BaseModel, extra="forbid"):
     task: Task = "progress"
     head: HeadKind = "regression"  # progress: regression | bins; preference: scalar
     num_bins: int = 32
@@ -46,15 +54,15 @@ class RewardModelConfig(pydantic.BaseModel, extra="forbid"):
     use_reference: bool = False  # show the request's goal/reference frames to the model
 
     @pydantic.model_validator(mode="after")
-    def _head_fits_task(self) -> RewardModelConfig:
+    def _head_fits_task(self) -> RewardNetworkConfig:
         allowed = {"progress": ("regression", "bins"), "preference": ("scalar",)}[self.task]
         if self.head not in allowed:
             raise ValueError(f"a {self.task} model needs a head in {allowed}, got {self.head!r}")
         return self
 
 
-class VLMRewardModel(nn.Module):
-    def __init__(self, backbone: nn.Module, processor, config: RewardModelConfig):
+class RewardNetwork(nn.Module):
+    def __init__(self, backbone: nn.Module, processor, config: RewardNetworkConfig):
         super().__init__()
         self.backbone = backbone
         self.processor = processor
@@ -90,52 +98,158 @@ class VLMRewardModel(nn.Module):
         return values.gather(1, last.unsqueeze(1)).squeeze(1)
 
     @classmethod
-    def from_backbone(cls, name_or_path: str | Path, config: RewardModelConfig, **load_options) -> VLMRewardModel:
+    def from_backbone(cls, name_or_path: str | Path, config: RewardNetworkConfig, **load_options) -> RewardNetwork:
         """A new reward model on a pretrained (or tiny random) backbone; the head starts random."""
         backbone, processor = load_backbone(name_or_path, **load_options)
         return cls(backbone, processor, config)
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, **load_options) -> VLMRewardModel:
+    def from_pretrained(cls, path: str | Path, **load_options) -> RewardNetwork:
+        """Load a folder written by `save_pretrained`, after checking every file against its recorded hash."""
         path = Path(path)
-        for required in (CONFIG_FILE, HEAD_FILE):
-            if not (path / required).is_file():
-                raise ValueError(f"{path}: no {required}; expected a reward-model folder saved by save_pretrained")
-        try:
-            config = RewardModelConfig.model_validate(json.loads((path / CONFIG_FILE).read_text()).get("config"))
-        except (json.JSONDecodeError, pydantic.ValidationError) as error:
-            raise ValueError(f"{path / CONFIG_FILE}: not a valid reward-model config ({error})") from None
+        record = read_export_record(path)
+        config = RewardNetworkConfig.model_validate(record["config"])
         model = cls.from_backbone(path, config, **load_options)
         try:
             model.head.load_state_dict(load_file(path / HEAD_FILE))
-        except (RuntimeError, OSError) as error:
+        except (RuntimeError, OSError, SafetensorError) as error:
             raise ValueError(f"{path / HEAD_FILE}: could not load the reward head ({error})") from None
         return model
 
     def save_pretrained(self, path: str | Path, extra: dict | None = None) -> str:
-        """Write backbone, processor, head and config; returns the version fingerprint it recorded."""
+        """Write backbone, processor, head and `reward_model.json`; returns the version it recorded.
+
+        The folder is written whole into a hidden temporary folder next to `path` and renamed into
+        place (an existing export is replaced only once the new one is complete), so a crash never
+        leaves files of two exports mixed. The version hashes every file that changes outputs:
+        weights (backbone and head), processor and tokenizer files, and the reward config;
+        `reward_model.json` records it with each file's sha256, and loading checks them.
+        """
         path = Path(path)
-        backbone = self.backbone
-        if hasattr(backbone, "merge_and_unload"):  # LoRA: save plain merged weights, keep training intact
-            backbone = copy.deepcopy(backbone).merge_and_unload()
-        backbone.save_pretrained(path)
-        self.processor.save_pretrained(path)
-        head_state = {
-            name: tensor.detach().float().cpu().contiguous() for name, tensor in self.head.state_dict().items()
-        }
-        with atomic_path(path / HEAD_FILE) as temporary:
-            save_file(head_state, str(temporary))
-        version = fingerprint(
-            self.config.model_dump(), [float(t.sum()) for t in head_state.values()], (extra or {}).get("step")
-        )
-        write_json(path / CONFIG_FILE, {"config": self.config.model_dump(), "version": version, **(extra or {})})
+        extra = dict(extra or {})
+        reserved = {"config", "version", "files"} & extra.keys()
+        if reserved:
+            raise ValueError(f"save_pretrained: extra may not set {sorted(reserved)}")
+        with atomic_folder(path) as temporary:
+            backbone = self.backbone
+            if hasattr(backbone, "merge_and_unload"):  # LoRA: save plain merged weights, keep training intact
+                backbone = copy.deepcopy(backbone).merge_and_unload()
+            backbone.save_pretrained(temporary)
+            self.processor.save_pretrained(temporary)
+            head_state = {
+                name: tensor.detach().float().cpu().contiguous() for name, tensor in self.head.state_dict().items()
+            }
+            save_file(head_state, str(temporary / HEAD_FILE))
+            make_readable(temporary)
+            files = fingerprint_files(temporary, exclude=(CONFIG_FILE,))
+            config = self.config.model_dump(mode="json")
+            version = export_version(config, files)
+            write_json(temporary / CONFIG_FILE, {**extra, "config": config, "version": version, "files": files})
         return version
 
 
+def export_version(config: dict, files: dict[str, str]) -> str:
+    """The version of an export: a hash of the reward config and of every file's sha256."""
+    return fingerprint("reward-model-export/v2", config, sorted(files.items()))
+
+
+def read_export_record(path: str | Path, verify: bool = True) -> dict:
+    """The checked contents of `path/reward_model.json`: a valid config, the version, per-file hashes.
+
+    With `verify`, every file of the folder is hashed and compared with the record: a changed,
+    missing or unrecorded file is a ValueError naming it.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise ValueError(f"{path}: no such reward-model folder")
+    for required in (CONFIG_FILE, HEAD_FILE):
+        if not (path / required).is_file():
+            raise ValueError(f"{path}: no {required}; expected a reward-model folder saved by save_pretrained")
+    config_path = path / CONFIG_FILE
+    try:
+        record = json.loads(config_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{config_path}: not a valid reward-model config ({error})") from None
+    if not isinstance(record, dict):
+        raise ValueError(f"{config_path}: not a valid reward-model config (expected a JSON object)")
+    try:
+        config = RewardNetworkConfig.model_validate(record.get("config"))
+    except pydantic.ValidationError as error:
+        raise ValueError(f"{config_path}: not a valid reward-model config ({error})") from None
+    version, files = record.get("version"), record.get("files")
+    if not isinstance(version, str) or not version:
+        raise ValueError(f"{config_path}: no version; re-export the model with save_pretrained")
+    if not isinstance(files, dict) or not files or not all(isinstance(v, str) for v in files.values()):
+        raise ValueError(
+            f"{config_path}: no per-file hashes ('files'), so its version cannot be checked; "
+            "re-export the model with this version of vlm-rewards"
+        )
+    if export_version(config.model_dump(mode="json"), files) != version:
+        raise ValueError(f"{config_path}: version {version!r} does not match its config and file hashes")
+    if verify:
+        changes = changed_files(files, fingerprint_files(path, exclude=(CONFIG_FILE,)))
+        if changes:
+            raise ValueError(
+                f"{path}: files differ from those recorded at export (version {version}): {', '.join(changes)}"
+            )
+    return record
+
+
+@contextlib.contextmanager
+def atomic_folder(path: Path) -> Iterator[Path]:
+    """Yield a hidden temporary folder next to `path`; on success it replaces `path` (an old folder is
+    moved aside, the new one renamed in, the old one deleted), on failure it is deleted."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for orphan in path.parent.glob(f".{path.name}.*.tmp"):  # left by a crashed export
+        match = re.fullmatch(rf"\.{re.escape(path.name)}\.(?:new|old)\.(\d+)\.[0-9a-f]+\.tmp", orphan.name)
+        if match and not _process_alive(int(match.group(1))):
+            shutil.rmtree(orphan, ignore_errors=True)
+    token = f"{os.getpid()}.{secrets.token_hex(4)}"
+    temporary = path.parent / f".{path.name}.new.{token}.tmp"
+    temporary.mkdir()
+    try:
+        yield temporary
+        if path.exists():
+            old = path.parent / f".{path.name}.old.{token}.tmp"
+            os.replace(path, old)
+            os.replace(temporary, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(temporary, path)
+    except BaseException:
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
+
+
+def _process_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def resolve_device(device: str) -> torch.device:
+    """`auto` (cuda if there is one, else cpu) or a torch device string; a device this machine lacks
+    is a ValueError, not a failure deep inside the first forward."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"device {device!r}: not a torch device ({error})") from None
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {device!r}: CUDA is not available on this machine; use device: cpu or auto")
+        if resolved.index is not None and resolved.index >= torch.cuda.device_count():
+            raise ValueError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    elif resolved.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device {device!r}: MPS is not available on this machine")
+    return resolved
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
@@ -144,8 +258,8 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return getattr(torch, dtype)
 
 
-@register("vlm_reward_model")
-class VLMReward(BaseReward):
+@register("trained_rm")
+class TrainedRewardModel(BaseReward):
     """A trained progress or preference RM checkpoint behind the reward interface.
 
     Progress RMs return per-frame progress, reward = the last frame's progress. Preference RMs return
@@ -160,24 +274,29 @@ class VLMReward(BaseReward):
         batch_size: int = pydantic.Field(8, ge=1)
         name: str | None = None
 
-    def __init__(self, model: VLMRewardModel, version: str, name: str, batch_size: int = 8):
+    def __init__(self, model: RewardNetwork, version: str, name: str, batch_size: int = 8):
         self.model = model.eval()
         self.batch_size = batch_size
-        config = model.config
+        progress = model.config.task == "progress"
         self.spec = RewardSpec(
             name=name,
             version=version,
-            output=config.task,
-            value_range=(0.0, 1.0) if config.task == "progress" else (-float("inf"), float("inf")),
+            value_range=(0.0, 1.0) if progress else (-math.inf, math.inf),
+            dense=progress,
+            causal=progress,  # one causal pass: frame t is read before any later frame is seen
+            requires=(REFERENCE,) if model.config.use_reference else (),
             frame_size=(model.builder.vision.factor, 1 << 16),
-            max_frames=config.max_frames,
+            max_frames=model.config.max_frames,
+            # at least one token per character, so a longer text cannot fit the model's context
+            max_text_length=model.backbone.config.get_text_config().max_position_embeddings,
         )
 
     @classmethod
-    def from_params(cls, params: Params) -> VLMReward:
+    def from_params(cls, params: Params) -> TrainedRewardModel:
         device = resolve_device(params.device)
-        model = VLMRewardModel.from_pretrained(params.model, dtype=resolve_dtype(params.dtype, device)).to(device)
-        version = json.loads((Path(params.model) / CONFIG_FILE).read_text())["version"]
+        model = RewardNetwork.from_pretrained(params.model, dtype=resolve_dtype(params.dtype, device)).to(device)
+        # from_pretrained checked every file against reward_model.json, so its version names these weights
+        version = read_export_record(params.model, verify=False)["version"]
         return cls(model, version, params.name or Path(params.model).name, params.batch_size)
 
     @torch.inference_mode()
@@ -188,6 +307,6 @@ class VLMReward(BaseReward):
             values = self.model.predict(batch).float().cpu().numpy()
             for row, mask in zip(values, batch.frame_mask.cpu().numpy()):
                 per_frame = row[mask].astype(np.float64)
-                progress = per_frame if self.model.config.task == "progress" else None
+                progress = per_frame if self.spec.dense else None
                 results.append(RewardResult(reward=float(per_frame[-1]), progress=progress))
         return results

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Tokenizer
 from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
-CORPUS_PATH = Path(__file__).resolve().parents[2] / "data" / "corpus" / "instructions.txt"
+from vlm_rewards.resources import corpus_file
+
+CORPUS_PATH = corpus_file()  # data/corpus/instructions.txt, shipped as package data
 
 ENDOFTEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"

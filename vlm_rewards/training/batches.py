@@ -14,6 +14,7 @@ import torch
 from vlm_rewards.data.episodes import EpisodeDataset, PairDataset
 from vlm_rewards.data.labels import mismatched_instruction, reversed_clip, rewound_clip, stalled_clip
 from vlm_rewards.interface import RewardRequest
+from vlm_rewards.subsample import subsample_indices
 from vlm_rewards.training.config import Augment
 
 
@@ -36,10 +37,19 @@ class PreferenceBatch:
 
 
 class ProgressBatches:
-    """Episodes with synthetic negatives: mismatched instructions, reversed, rewound, stalled clips."""
+    """Episodes with synthetic negatives: mismatched instructions, reversed, rewound, stalled clips.
 
-    def __init__(self, dataset: EpisodeDataset, batch_size: int, augment: Augment, seed: int):
+    max_frames: the model's frame budget. A longer episode is first subsampled with
+    `subsample_indices` (evenly spaced, first and last frame in, labels at those frames), as the
+    model is later asked about long episodes; augmentations then act on that clip, and a clip they
+    lengthen past the budget is subsampled again.
+    """
+
+    def __init__(
+        self, dataset: EpisodeDataset, batch_size: int, augment: Augment, seed: int, max_frames: int | None = None
+    ):
         self.dataset, self.batch_size, self.augment, self.seed = dataset, batch_size, augment, seed
+        self.max_frames = max_frames
         self.episode_ids = dataset.episode_ids
         self.instructions = dataset.instructions
 
@@ -55,26 +65,31 @@ class ProgressBatches:
 
     def _sample(self, episode_id: int, rng: np.random.Generator) -> tuple[RewardRequest, np.ndarray]:
         record = self.dataset[episode_id]
+        # The label functions only index along time, so running them on frame indices gives one
+        # order to apply to the main frames and every extra view alike.
+        base = subsample_indices(record.num_frames, self.max_frames)
+        progress = record.progress[base]
         augment, draw = self.augment, rng.random()
         if draw < augment.mismatch:
             text = mismatched_instruction(record.instruction, self.instructions, rng)
-            return replace(self.dataset.to_request(record), text=text), np.zeros(record.num_frames)
-        # The label functions only index along time, so running them on frame indices gives one
-        # order to apply to the main frames and every extra view alike.
-        indices = np.arange(record.num_frames)
+            return replace(self.dataset.to_request(record, base), text=text), np.zeros(len(base), np.float32)
         draw -= augment.mismatch
         if draw < augment.reverse:
-            indices, labels = reversed_clip(indices, record.progress)
+            indices, labels = reversed_clip(base, progress)
         elif draw < augment.reverse + augment.rewind:
-            indices, labels = rewound_clip(indices, record.progress, rng)
+            indices, labels = rewound_clip(base, progress, rng)
         elif draw < augment.reverse + augment.rewind + augment.stall:
-            indices, labels = stalled_clip(indices, record.progress, rng)
+            indices, labels = stalled_clip(base, progress, rng)
         elif draw < augment.reverse + augment.rewind + augment.stall + augment.subsample:
-            indices = np.sort(rng.choice(record.num_frames, size=rng.integers(1, record.num_frames + 1), replace=False))
-            labels = record.progress[indices]
+            kept = np.sort(rng.choice(len(base), size=rng.integers(1, len(base) + 1), replace=False))
+            indices, labels = base[kept], progress[kept]
         else:
-            labels = record.progress
-        return self.dataset.to_request(record, indices), np.asarray(labels, dtype=np.float32)
+            indices, labels = base, progress
+        indices, labels = np.asarray(indices), np.asarray(labels, dtype=np.float32)
+        if self.max_frames is not None and len(indices) > self.max_frames:
+            keep = subsample_indices(len(indices), self.max_frames)
+            indices, labels = indices[keep], labels[keep]
+        return self.dataset.to_request(record, indices), labels
 
 
 class PreferenceBatches:

@@ -10,7 +10,7 @@ import pydantic
 from vlm_rewards.config import JobConfig
 from vlm_rewards.data.build import SyntheticData
 from vlm_rewards.models.backbones import FAMILIES
-from vlm_rewards.models.reward_model import RewardModelConfig
+from vlm_rewards.models.reward_network import RewardNetworkConfig
 
 Family = Literal[FAMILIES]  # type: ignore[valid-type]
 
@@ -19,28 +19,32 @@ class TinyBackbone(JobConfig):
     """A random Qwen-VL-architecture backbone with the project's tokenizer, for from-scratch runs."""
 
     family: Family = "qwen2_5_vl"
-    hidden_size: int = 128
-    num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    vision_depth: int = 2
-    vision_hidden: int = 64
-    vision_heads: int = 4
+    hidden_size: int = pydantic.Field(128, ge=1)
+    num_layers: int = pydantic.Field(2, ge=1)
+    num_heads: int = pydantic.Field(4, ge=1)
+    num_kv_heads: int = pydantic.Field(2, ge=1)
+    vision_depth: int = pydantic.Field(2, ge=1)
+    vision_hidden: int = pydantic.Field(64, ge=1)
+    vision_heads: int = pydantic.Field(4, ge=1)
     seed: int = 0
 
 
 class Lora(JobConfig):
     enabled: bool = False
-    r: int = 16
-    alpha: int = 32
-    dropout: float = 0.05
-    target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    r: int = pydantic.Field(16, ge=1)
+    alpha: float = pydantic.Field(32, gt=0)
+    dropout: float = pydantic.Field(0.05, ge=0, lt=1)
+    # peft semantics: a list of module-name suffixes, or one regex the full module name must match.
+    # Bare names match every tower: Qwen2.5-VL's vision MLPs also have gate_proj/up_proj/down_proj, so
+    # for MLP targets use a regex on the language model, e.g. 'language_model.*\.(gate_proj|up_proj)'.
+    # With model.freeze_vision, an adapter landing in the vision tower is an error.
+    target_modules: list[str] | str = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
 
 class ModelSettings(JobConfig):
     backbone: str = "tiny"  # "tiny" (built from `tiny`, random weights), or a hub id / local Qwen-VL folder
     tiny: TinyBackbone = pydantic.Field(default_factory=TinyBackbone)
-    reward: RewardModelConfig = pydantic.Field(default_factory=RewardModelConfig)
+    reward: RewardNetworkConfig = pydantic.Field(default_factory=RewardNetworkConfig)
     lora: Lora = pydantic.Field(default_factory=Lora)
     freeze_vision: bool = False
     gradient_checkpointing: bool = False
@@ -48,13 +52,20 @@ class ModelSettings(JobConfig):
 
 
 class Augment(JobConfig):
-    """Per-sample probabilities of the synthetic negatives (progress RM only)."""
+    """Per-sample probabilities of the synthetic negatives (progress RM only); they sum to at most 1."""
 
-    mismatch: float = 0.2  # another episode's instruction, every frame labelled 0 (ReWiND)
-    reverse: float = 0.1  # frames reversed, labels follow the frames
-    rewind: float = 0.15  # forward then backward (ReWiND), labels follow the frames
-    stall: float = 0.1  # a held frame resampled back to T, labels flat there
-    subsample: float = 0.0  # a random ordered subset of 1..T frames: position in the clip stops telling time
+    mismatch: float = pydantic.Field(0.2, ge=0, le=1)  # another episode's instruction, labels 0 (ReWiND)
+    reverse: float = pydantic.Field(0.1, ge=0, le=1)  # frames reversed, labels follow the frames
+    rewind: float = pydantic.Field(0.15, ge=0, le=1)  # forward then backward (ReWiND), labels follow
+    stall: float = pydantic.Field(0.1, ge=0, le=1)  # a held frame resampled back to T, labels flat there
+    subsample: float = pydantic.Field(0.0, ge=0, le=1)  # a random ordered subset of 1..T frames
+
+    @pydantic.model_validator(mode="after")
+    def _at_most_one(self) -> Augment:
+        total = self.mismatch + self.reverse + self.rewind + self.stall + self.subsample
+        if total > 1 + 1e-9:
+            raise ValueError(f"the augment probabilities sum to {total:g}; they must sum to at most 1")
+        return self
 
 
 class DataSettings(JobConfig):
@@ -65,18 +76,31 @@ class DataSettings(JobConfig):
         default_factory=lambda: SyntheticData(num_episodes=64, num_pairs=256, seed=1000)
     )
     augment: Augment = pydantic.Field(default_factory=Augment)
-    margin_scale: float = 0.0  # preference: Bradley–Terry margin = margin_scale × the pair's margin
+    margin_scale: float = pydantic.Field(0.0, ge=0)  # preference: BT margin = margin_scale × the pair's margin
 
 
 class Optimization(JobConfig):
-    steps: int = 1500
-    batch_size: int = 16
-    gradient_accumulation: int = 1
-    lr: float = 5e-4
-    weight_decay: float = 0.01
-    warmup_steps: int = 100
-    grad_clip: float = 1.0
+    # micro-steps: each draws one batch of `batch_size` per process and runs forward/backward; the
+    # optimizer updates every `gradient_accumulation` micro-steps, so updates = steps / accumulation
+    # (steps must be a multiple of it). Every step count in the config (save_every, eval_every, ...) is
+    # in micro-steps, except warmup_steps, which counts optimizer updates.
+    steps: int = pydantic.Field(1500, ge=1)
+    batch_size: int = pydantic.Field(16, ge=1)  # per process and micro-step
+    gradient_accumulation: int = pydantic.Field(1, ge=1)
+    lr: float = pydantic.Field(5e-4, gt=0)  # peak, after warmup; cosine decay to 0 at the last update
+    weight_decay: float = pydantic.Field(0.01, ge=0)
+    warmup_steps: int = pydantic.Field(100, ge=0)  # optimizer updates of linear warmup
+    grad_clip: float = pydantic.Field(1.0, gt=0)
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"  # auto: bf16 on GPUs that have it
+
+    @pydantic.model_validator(mode="after")
+    def _whole_updates(self) -> Optimization:
+        if self.steps % self.gradient_accumulation:
+            raise ValueError(
+                f"steps ({self.steps}) must be a multiple of gradient_accumulation ({self.gradient_accumulation}): "
+                "steps counts micro-steps, and the last one must update the weights"
+            )
+        return self
 
 
 class TrainRMConfig(JobConfig):
@@ -85,8 +109,24 @@ class TrainRMConfig(JobConfig):
     model: ModelSettings = pydantic.Field(default_factory=ModelSettings)
     data: DataSettings = pydantic.Field(default_factory=DataSettings)
     optim: Optimization = pydantic.Field(default_factory=Optimization)
-    log_every: int = 10
-    eval_every: int = 250
-    save_every: int = 250
-    keep_checkpoints: int = 2
-    resume: bool = True  # continue from the latest checkpoint in output_dir if there is one
+    log_every: int = pydantic.Field(10, ge=1)  # micro-steps
+    eval_every: int = pydantic.Field(250, ge=1)
+    save_every: int = pydantic.Field(250, ge=1)  # a multiple of optim.gradient_accumulation
+    keep_checkpoints: int = pydantic.Field(2, ge=1)
+    resume: bool = True  # continue from the latest checkpoint in output_dir (its settings must match)
+
+    @pydantic.field_validator("output_dir")
+    @classmethod
+    def _output_dir_named(cls, value: Path) -> Path:
+        if str(value).strip() in ("", "."):
+            raise ValueError("output_dir must name a folder; an empty value or '.' would write into the current folder")
+        return value
+
+    @pydantic.model_validator(mode="after")
+    def _checkpoints_between_updates(self) -> TrainRMConfig:
+        if self.save_every % self.optim.gradient_accumulation:
+            raise ValueError(
+                f"save_every ({self.save_every}) must be a multiple of optim.gradient_accumulation "
+                f"({self.optim.gradient_accumulation}): a checkpoint cannot hold half-accumulated gradients"
+            )
+        return self

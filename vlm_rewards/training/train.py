@@ -5,11 +5,19 @@ progress loss or Bradley–Terry on pairs. accelerate handles devices, data-para
 mixed precision (bf16 on GPUs that have it); checkpoints hold model, optimizer, scheduler and RNG
 states, and a resumed run continues at the saved step with the same batches. Periodic evaluation
 goes through the reward interface, exactly as users will call the model.
+
+Steps: `optim.steps` counts micro-steps (one batch of `optim.batch_size` per process each); the
+optimizer updates every `optim.gradient_accumulation` of them, and the LR schedule (warmup counted in
+optimizer updates) runs over exactly those updates whatever the number of processes.
+
+Each checkpoint saves the resolved config; resuming with settings that change training refuses and
+names the keys. Library code: it logs through `logging`; the progress display is an injected `track`.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shutil
 from pathlib import Path
@@ -19,25 +27,44 @@ import numpy as np
 import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
-from rich.console import Console
-from tqdm.auto import tqdm
 from transformers import get_cosine_schedule_with_warmup
 
-from vlm_rewards.data.build import SyntheticData, open_episodes, open_pairs
+from vlm_rewards.data.build import SyntheticData, Track, open_episodes, open_pairs, untracked
 from vlm_rewards.evaluation.evaluate import evaluate_pair_dataset, evaluate_progress
 from vlm_rewards.evaluation.plots import plot_progress_curves, plot_training_curves
+from vlm_rewards.fingerprint import fingerprint
 from vlm_rewards.io import write_json
 from vlm_rewards.models.backbones import build_tiny_backbone
 from vlm_rewards.models.heads import bradley_terry_loss
-from vlm_rewards.models.reward_model import VLMReward, VLMRewardModel
+from vlm_rewards.models.reward_network import RewardNetwork, TrainedRewardModel
 from vlm_rewards.training.batches import PreferenceBatches, ProgressBatch, ProgressBatches
 from vlm_rewards.training.config import TrainRMConfig
 
 CHECKPOINT_PATTERN = re.compile(r"^step_(\d+)$")
+CHECKPOINT_CONFIG = "train_config.json"
+# Keys that may change between a checkpoint and its resumption: they do not change the trained weights.
+RESUME_MAY_CHANGE = (
+    "output_dir",
+    "resume",
+    "log_every",
+    "eval_every",
+    "save_every",
+    "keep_checkpoints",
+    "data.eval",
+    "data.synthetic_eval",
+)
+
+logger = logging.getLogger(__name__)
 
 
-def run_training(config: TrainRMConfig, console: Console | None = None) -> dict[str, Any]:
-    console = console or Console()
+def run_training(config: TrainRMConfig, track: Track | None = None) -> dict[str, Any]:
+    """Train, checkpoint, evaluate and export `config.output_dir/model`; returns the final metrics.
+
+    track: a progress display for the step loop and data building (the CLI passes tqdm); a
+    non-callable (the old CLI passed a rich Console) is ignored.
+    """
+    track = track if callable(track) else None
+    checkpoint = _resumable_checkpoint(config) if config.resume else None
     accelerator = Accelerator(
         mixed_precision=_mixed_precision(config.optim.mixed_precision),
         gradient_accumulation_steps=config.optim.gradient_accumulation,
@@ -46,31 +73,29 @@ def run_training(config: TrainRMConfig, console: Console | None = None) -> dict[
     )
     set_seed(config.seed)
     task = config.model.reward.task
+    main_track = track if accelerator.is_local_main_process else None
     with accelerator.main_process_first():
-        train_data, eval_data = _datasets(config)
+        train_data, eval_data = _datasets(config, main_track)
         model = _build_model(config)
     batches = (
-        ProgressBatches(train_data, config.optim.batch_size, config.data.augment, config.seed)
+        ProgressBatches(
+            train_data, config.optim.batch_size, config.data.augment, config.seed, config.model.reward.max_frames
+        )
         if task == "progress"
         else PreferenceBatches(train_data, config.optim.batch_size, config.seed)
     )
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=config.optim.lr, weight_decay=config.optim.weight_decay)
-    scheduler = get_cosine_schedule_with_warmup(optimizer, config.optim.warmup_steps, config.optim.steps)
+    scheduler = build_scheduler(optimizer, config, accelerator.num_processes)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     accelerator.init_trackers("train_rm", config={"task": task, "lr": config.optim.lr, "seed": config.seed})
 
-    start_step = _resume(accelerator, config, console) if config.resume else 0
+    start_step = _resume(accelerator, checkpoint) if checkpoint is not None else 0
+    accelerator.step = start_step  # accumulation phase: micro-step `start_step` is where the saved run was
     history = _load_history(config.output_dir, up_to=start_step)
-    progress_bar = tqdm(
-        range(start_step, config.optim.steps),
-        initial=start_step,
-        total=config.optim.steps,
-        desc=f"train {task} RM",
-        disable=not accelerator.is_local_main_process,
-    )
     model.train()
-    for step in progress_bar:
+    steps = range(start_step, config.optim.steps)
+    for step in (main_track or untracked)(steps, f"train {task} RM"):
         with accelerator.accumulate(model):
             loss = _loss(accelerator.unwrap_model(model), model, batches, step, accelerator.process_index, config)
             accelerator.backward(loss)
@@ -87,7 +112,8 @@ def run_training(config: TrainRMConfig, console: Console | None = None) -> dict[
             }
             accelerator.log(logs, step=done)
             _record(history, logs, done)
-            progress_bar.set_postfix(loss=f"{logs['train/loss']:.4f}")
+            if accelerator.is_main_process:
+                logger.info("step %d: loss %.4f, lr %.3g", done, logs["train/loss"], logs["train/lr"])
         if done % config.eval_every == 0 and done < config.optim.steps:
             _evaluate(accelerator, model, eval_data, config, history, done)
         if done % config.save_every == 0 or done == config.optim.steps:
@@ -99,12 +125,12 @@ def run_training(config: TrainRMConfig, console: Console | None = None) -> dict[
         version = unwrapped.save_pretrained(
             config.output_dir / "model", extra={"step": config.optim.steps, "metrics": metrics}
         )
-        console.print(f"saved reward model {config.output_dir / 'model'} (version {version})")
+        logger.info("saved reward model %s (version %s)", config.output_dir / "model", version)
     accelerator.end_training()
     return metrics
 
 
-def _loss(model: VLMRewardModel, wrapped, batches, step: int, rank: int, config: TrainRMConfig) -> torch.Tensor:
+def _loss(model: RewardNetwork, wrapped, batches, step: int, rank: int, config: TrainRMConfig) -> torch.Tensor:
     """`model` builds inputs; `wrapped` (the accelerate/DDP module) runs the forward."""
     batch = batches.batch(step, rank)
     if isinstance(batch, ProgressBatch):
@@ -124,9 +150,9 @@ def _evaluate(accelerator, model, eval_data, config: TrainRMConfig, history, ste
     """Metrics through the reward interface, on the main process; logged, plotted and returned."""
     if not accelerator.is_main_process:
         return {}
-    unwrapped: VLMRewardModel = accelerator.unwrap_model(model)
+    unwrapped: RewardNetwork = accelerator.unwrap_model(model)
     unwrapped.eval()
-    reward = VLMReward(unwrapped, version=f"step-{step}", name=f"{unwrapped.config.task}-rm")
+    reward = TrainedRewardModel(unwrapped, version=f"step-{step}", name=f"{unwrapped.config.task}-rm")
     if unwrapped.config.task == "progress":
         metrics, curves = evaluate_progress(
             reward, eval_data, config.optim.batch_size, np.random.default_rng(config.seed)
@@ -144,45 +170,97 @@ def _evaluate(accelerator, model, eval_data, config: TrainRMConfig, history, ste
         if curves:
             expert_first = sorted(curves, key=lambda curve: not curve["title"].startswith("expert"))
             plot_progress_curves(config.output_dir / "progress_curves.png", expert_first)
-    tqdm.write(f"step {step}: " + ", ".join(f"{k}={v:.3f}" for k, v in metrics.items() if isinstance(v, float)))
+    logger.info("step %d: %s", step, ", ".join(f"{k}={v:.3f}" for k, v in metrics.items() if isinstance(v, float)))
     return metrics
 
 
-def _build_model(config: TrainRMConfig) -> VLMRewardModel:
+def build_scheduler(optimizer: torch.optim.Optimizer, config: TrainRMConfig, num_processes: int):
+    """Cosine with warmup over the run's optimizer updates, as accelerate will step it.
+
+    accelerate's `AcceleratedScheduler` (split_batches=False, step_with_optimizer=True) steps the
+    wrapped scheduler only on sync (optimizer-update) micro-steps, and then `num_processes` times:
+    so the schedule's length is updates × processes, its warmup warmup_steps × processes.
+    """
+    updates = config.optim.steps // config.optim.gradient_accumulation
+    return get_cosine_schedule_with_warmup(
+        optimizer, config.optim.warmup_steps * num_processes, updates * num_processes
+    )
+
+
+def tiny_backbone_dir(config: TrainRMConfig) -> Path:
+    """Where the tiny backbone of these settings lives: a sub-folder named by their fingerprint."""
+    return config.output_dir / "tiny_backbone" / fingerprint("tiny-backbone/v1", config.model.tiny.model_dump())
+
+
+def _build_model(config: TrainRMConfig) -> RewardNetwork:
     settings = config.model
     backbone_path = settings.backbone
     if backbone_path == "tiny":
-        backbone_path = config.output_dir / "tiny_backbone"
+        backbone_path = tiny_backbone_dir(config)
         if not (backbone_path / "config.json").exists():
-            build_tiny_backbone(out_dir=backbone_path, **settings.tiny.model_dump())
+            logger.info("building a tiny %s backbone in %s", settings.tiny.family, backbone_path)
+            if backbone_path.exists():  # a build that crashed part-way
+                shutil.rmtree(backbone_path)
+            partial = backbone_path.with_name(f".{backbone_path.name}.partial")
+            shutil.rmtree(partial, ignore_errors=True)
+            build_tiny_backbone(out_dir=partial, **settings.tiny.model_dump())
+            partial.rename(backbone_path)
     options = {"attn_implementation": settings.attn_implementation} if settings.attn_implementation else {}
-    model = VLMRewardModel.from_backbone(backbone_path, settings.reward, **options)
+    model = RewardNetwork.from_backbone(backbone_path, settings.reward, **options)
     if settings.freeze_vision:
         model.backbone.visual.requires_grad_(False)
     if settings.gradient_checkpointing:
         model.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if settings.lora.enabled:
-        from peft import LoraConfig, get_peft_model
-
-        lora = settings.lora
-        model.backbone = get_peft_model(
-            model.backbone,
-            LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules),
-        )
+        apply_lora(model, settings.lora, settings.freeze_vision)
     return model
 
 
-def _datasets(config: TrainRMConfig) -> tuple[Any, Any]:
+def apply_lora(model: RewardNetwork, lora, freeze_vision: bool) -> None:
+    """Wrap the backbone with LoRA adapters on `lora.target_modules` (peft semantics: a list of module
+    name suffixes, or a regex the full module name must match).
+
+    With `freeze_vision`, no adapter may land in the vision tower (`visual`): bare names like
+    `gate_proj` also match Qwen2.5-VL's vision MLPs, so that is a ValueError naming the modules.
+    """
+    from peft import LoraConfig, get_peft_model
+
+    model.backbone = get_peft_model(
+        model.backbone,
+        LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules),
+    )
+    if freeze_vision:
+        in_vision = sorted(
+            {
+                name.rsplit(".lora_", 1)[0].removeprefix("base_model.model.")
+                for name, _ in model.backbone.named_modules()
+                if ".lora_" in name and _in_vision_tower(name)
+            }
+        )
+        if in_vision:
+            shown = ", ".join(in_vision[:4]) + (f" and {len(in_vision) - 4} more" if len(in_vision) > 4 else "")
+            raise ValueError(
+                f"model.lora.target_modules {lora.target_modules!r} puts LoRA adapters in the vision tower "
+                f"({shown}) although model.freeze_vision is true; restrict the targets to the language model, "
+                r"e.g. target_modules: 'language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)'"
+            )
+
+
+def _in_vision_tower(module_name: str) -> bool:
+    return any(part in ("visual", "vision_tower", "vision_model") for part in module_name.split("."))
+
+
+def _datasets(config: TrainRMConfig, track: Track | None = None) -> tuple[Any, Any]:
     task = config.model.reward.task
     data_dir = config.output_dir / "data"
     return (
-        _dataset(task, config.data.train, data_dir / f"{task}_train", config.data.synthetic_train),
-        _dataset(task, config.data.eval, data_dir / f"{task}_eval", config.data.synthetic_eval),
+        _dataset(task, config.data.train, data_dir / f"{task}_train", config.data.synthetic_train, track),
+        _dataset(task, config.data.eval, data_dir / f"{task}_eval", config.data.synthetic_eval, track),
     )
 
 
-def _dataset(task: str, given: Path | None, synthetic_dir: Path, synthetic: SyntheticData):
-    return (open_episodes if task == "progress" else open_pairs)(given, synthetic, synthetic_dir)
+def _dataset(task: str, given: Path | None, synthetic_dir: Path, synthetic: SyntheticData, track: Track | None):
+    return (open_episodes if task == "progress" else open_pairs)(given, synthetic, synthetic_dir, track=track)
 
 
 def _mixed_precision(setting: str) -> str:
@@ -203,19 +281,63 @@ def _save_checkpoint(accelerator: Accelerator, config: TrainRMConfig, step: int,
     accelerator.save_state(str(path))
     if accelerator.is_main_process:
         write_json(config.output_dir / "history.json", history)
+        write_json(path / CHECKPOINT_CONFIG, config.model_dump(mode="json"))
         (path / "complete").write_text(f"{step}\n")
         for _, old in _checkpoints(config.output_dir)[: -config.keep_checkpoints]:
             shutil.rmtree(old)
     accelerator.wait_for_everyone()
 
 
-def _resume(accelerator: Accelerator, config: TrainRMConfig, console: Console) -> int:
+def _resumable_checkpoint(config: TrainRMConfig) -> tuple[int, Path] | None:
+    """The latest complete checkpoint, after checking it was trained with these settings.
+
+    Settings that change training (anything but `RESUME_MAY_CHANGE`) must match the checkpoint's
+    saved config; otherwise a ValueError names the differing keys (a changed head included).
+    """
     checkpoints = _checkpoints(config.output_dir)
     if not checkpoints:
-        return 0
+        return None
     step, path = checkpoints[-1]
+    saved_path = path / CHECKPOINT_CONFIG
+    try:
+        saved = json.loads(saved_path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(
+            f"{saved_path}: cannot read the checkpoint's settings ({error}); set resume=false to start over "
+            "or use another output_dir"
+        ) from None
+    current = config.model_dump(mode="json")
+    differing = [key for key in _differing_keys(saved, current) if not _may_change(key)]
+    if differing:
+        details = "; ".join(f"{key}: {_lookup(saved, key)!r} -> {_lookup(current, key)!r}" for key in differing)
+        raise ValueError(
+            f"cannot resume from {path}: these settings differ from the checkpoint's: {details}. Restore them, "
+            "set resume=false to start over, or use another output_dir"
+        )
+    return step, path
+
+
+def _differing_keys(saved: Any, current: Any, prefix: str = "") -> list[str]:
+    if isinstance(saved, dict) and isinstance(current, dict):
+        keys = sorted(saved.keys() | current.keys())
+        return [d for key in keys for d in _differing_keys(saved.get(key), current.get(key), f"{prefix}{key}.")]
+    return [] if saved == current else [prefix.rstrip(".")]
+
+
+def _may_change(key: str) -> bool:
+    return any(key == allowed or key.startswith(allowed + ".") for allowed in RESUME_MAY_CHANGE)
+
+
+def _lookup(data: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        data = data.get(part) if isinstance(data, dict) else None
+    return data
+
+
+def _resume(accelerator: Accelerator, checkpoint: tuple[int, Path]) -> int:
+    step, path = checkpoint
     accelerator.load_state(str(path))
-    console.print(f"resumed from {path} at step {step}")
+    logger.info("resumed from %s at step %d", path, step)
     return step
 
 

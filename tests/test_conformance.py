@@ -9,6 +9,7 @@ import torch
 from tests.test_embedding_goal import BASELINE, _save_tiny_clip
 from vlm_rewards.models.backbones import FAMILIES, build_tiny_backbone
 from vlm_rewards.models.reward_network import RewardNetwork, RewardNetworkConfig
+from vlm_rewards.models.streaming import KVCacheSession
 from vlm_rewards.registry import build_reward
 from vlm_rewards.testing import check_reward
 
@@ -32,6 +33,7 @@ def trained(backbone_dir, folder, **config):
 def test_progress_rm_conforms(backbones, tmp_path, family):
     reward = trained(backbones[family], tmp_path / "rm")
     assert reward.spec.dense and reward.spec.causal
+    assert isinstance(reward.open_session(["move the red circle"]), KVCacheSession)  # the session check streams
     check_reward(reward)
 
 
@@ -69,3 +71,11 @@ def test_embedding_goal_conforms(tmp_path):
         {"kind": "embedding_goal", "model": str(_save_tiny_clip(tmp_path / "clip")), "baseline_prompts": [BASELINE]}
     )
     check_reward(reward)
+
+
+def test_judge_version_changes_when_the_weights_change(tmp_path):
+    folder = build_tiny_backbone("qwen2_vl", tmp_path / "judge", num_layers=1)
+    config = {"kind": "vlm_judge", "model": str(folder), "device": "cpu"}
+    before = build_reward(config).spec.version
+    build_tiny_backbone("qwen2_vl", folder, num_layers=1, seed=1)  # same architecture, other weights
+    assert build_reward(config).spec.version != before

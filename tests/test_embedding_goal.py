@@ -252,6 +252,16 @@ def test_version_tracks_model_alpha_and_prompts(clip_folder):
     assert _build(clip_folder, baseline_prompts=["a gripper"]).spec.version != base
 
 
+def test_version_changes_when_the_weights_change(tmp_path):
+    folder = _save_tiny_clip(tmp_path / "clip")
+    before = _build(folder).spec.version
+    weights = folder / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1  # one flipped bit in the last weight
+    weights.write_bytes(bytes(data))
+    assert _build(folder).spec.version != before
+
+
 def test_shipped_config_shows_every_parameter():
     config = yaml.safe_load((REWARDS_DIR / "embedding_goal.yaml").read_text())
     assert config.pop("kind") == "embedding_goal"

@@ -46,3 +46,11 @@ def changed_files(recorded: Mapping[str, str], actual: Mapping[str, str]) -> lis
     changes += [f"{name} (missing)" for name in sorted(recorded.keys() - actual.keys())]
     changes += [f"{name} (not recorded)" for name in sorted(actual.keys() - recorded.keys())]
     return changes
+
+
+def weights_fingerprint(name_or_path: str | Path, revision: str | None = None) -> str:
+    """What identifies a model's files: for a local folder the hash of every file in it; for a hub id the
+    id with the snapshot revision (commit hash) it was loaded from, which pins the same files."""
+    if Path(name_or_path).is_dir():
+        return fingerprint(fingerprint_files(name_or_path))
+    return fingerprint(str(name_or_path), revision)

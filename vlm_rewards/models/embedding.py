@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModel, AutoProcessor, PreTrainedModel, ProcessorMixin
 
-from vlm_rewards.fingerprint import fingerprint
+from vlm_rewards.fingerprint import fingerprint, weights_fingerprint
 from vlm_rewards.interface import BaseReward, RewardRequest, RewardResult, RewardSpec
 from vlm_rewards.registry import register
 
@@ -109,7 +109,13 @@ class EmbeddingGoalReward(BaseReward):
         self.baseline = self.embed_texts(list(baseline_prompts)).mean(axis=0)
         self.spec = RewardSpec(
             name=name,
-            version=fingerprint("embedding_goal", model, alpha, list(baseline_prompts), self.goal_prompts),
+            version=fingerprint(
+                "embedding_goal",
+                weights_fingerprint(model, getattr(self.encoder.config, "_commit_hash", None)),
+                alpha,
+                list(baseline_prompts),
+                self.goal_prompts,
+            ),
             value_range=(-1.0, 1.0),
             dense=True,
             causal=True,  # every frame is embedded on its own

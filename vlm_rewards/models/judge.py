@@ -31,7 +31,7 @@ import pydantic
 import torch
 from transformers import PreTrainedModel, ProcessorMixin
 
-from vlm_rewards.fingerprint import fingerprint
+from vlm_rewards.fingerprint import fingerprint, weights_fingerprint
 from vlm_rewards.interface import BaseReward, RewardRequest, RewardResult, RewardSpec
 from vlm_rewards.models.backbones import load_backbone
 from vlm_rewards.models.inputs import ClipBatch, ClipInputBuilder
@@ -107,7 +107,12 @@ class ChatJudge(BaseReward):
         )
         self.spec = RewardSpec(
             name=params.name,
-            version=fingerprint(type(self).__name__, params.model_dump(exclude=RUNTIME_PARAMS), decoding),
+            version=fingerprint(
+                type(self).__name__,
+                params.model_dump(exclude=RUNTIME_PARAMS),
+                weights_fingerprint(params.model, getattr(model.config, "_commit_hash", None)),
+                decoding,
+            ),
             dense=dense,
             causal=causal,
             value_range=(0.0, 1.0),

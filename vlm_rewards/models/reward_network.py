@@ -31,7 +31,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from vlm_rewards.fingerprint import changed_files, fingerprint, fingerprint_files
-from vlm_rewards.interface import REFERENCE, BaseReward, RewardRequest, RewardResult, RewardSpec
+from vlm_rewards.interface import REFERENCE, BaseReward, RewardRequest, RewardResult, RewardSession, RewardSpec
 from vlm_rewards.io import make_readable, write_json
 from vlm_rewards.models.backbones import load_backbone
 from vlm_rewards.models.heads import HeadKind, RewardHead
@@ -298,6 +298,14 @@ class TrainedRewardModel(BaseReward):
         # from_pretrained checked every file against reward_model.json, so its version names these weights
         version = read_export_record(params.model, verify=False)["version"]
         return cls(model, version, params.name or Path(params.model).name, params.batch_size)
+
+    def open_session(self, texts, references=None) -> RewardSession:
+        """Progress RMs stream with a KV cache: each append costs the new frames only."""
+        if not self.spec.causal:
+            return super().open_session(texts, references)
+        from vlm_rewards.models.streaming import KVCacheSession
+
+        return KVCacheSession(self.model, texts, references, spec=self.spec)
 
     @torch.inference_mode()
     def _score(self, requests: list[RewardRequest]) -> list[RewardResult]:

@@ -92,6 +92,17 @@ def test_resume_refuses_changed_settings_and_names_them(tmp_path):
         _resumable_checkpoint(load_job_config(TrainRMConfig, overrides=[*base, "model.reward.head=bins"]))
 
 
+def test_starting_over_removes_the_earlier_runs_checkpoints(tmp_path):
+    """resume=false must not leave a longer earlier run's later checkpoints to be resumed from next time."""
+    from accelerate import Accelerator
+
+    from vlm_rewards.training.train import _checkpoints, _clear_checkpoints
+
+    fake_checkpoint(load_job_config(TrainRMConfig, overrides=[f"output_dir={tmp_path}"]), step=900)
+    _clear_checkpoints(Accelerator(cpu=True), tmp_path)
+    assert _checkpoints(tmp_path) == []
+
+
 # ----------------------------------------------------------------------------- 3, 4, 8: export
 
 

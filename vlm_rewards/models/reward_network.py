@@ -46,11 +46,11 @@ Task = Literal["progress", "preference"]
 class RewardNetworkConfig(pydantic.BaseModel, extra="forbid"):
     task: Task = "progress"
     head: HeadKind = "regression"  # progress: regression | bins; preference: scalar
-    num_bins: int = 32
-    head_mlp_size: int = 256
-    min_pixels: int | None = None  # None: the processor's bounds
-    max_pixels: int | None = None
-    max_frames: int = 32
+    num_bins: int = pydantic.Field(32, ge=2)
+    head_mlp_size: int = pydantic.Field(256, ge=1)
+    min_pixels: int | None = pydantic.Field(None, ge=1)  # None: the processor's bounds
+    max_pixels: int | None = pydantic.Field(None, ge=1)
+    max_frames: int = pydantic.Field(32, ge=1)
     use_reference: bool = False  # show the request's goal/reference frames to the model
 
     @pydantic.model_validator(mode="after")

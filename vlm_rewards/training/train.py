@@ -71,6 +71,8 @@ def run_training(config: TrainRMConfig, track: Track | None = None) -> dict[str,
         log_with="tensorboard",
         project_dir=str(config.output_dir),
     )
+    if not config.resume:
+        _clear_checkpoints(accelerator, config.output_dir)
     set_seed(config.seed)
     task = config.model.reward.task
     main_track = track if accelerator.is_local_main_process else None
@@ -332,6 +334,15 @@ def _lookup(data: Any, dotted: str) -> Any:
     for part in dotted.split("."):
         data = data.get(part) if isinstance(data, dict) else None
     return data
+
+
+def _clear_checkpoints(accelerator: Accelerator, output_dir: Path) -> None:
+    """resume=false starts over: an earlier run's checkpoints would otherwise outlive this run's rotation."""
+    if accelerator.is_main_process and _checkpoints(output_dir):
+        logger.warning("resume=false: removing the earlier run's checkpoints in %s", output_dir / "checkpoints")
+        shutil.rmtree(output_dir / "checkpoints")
+        (output_dir / "history.json").unlink(missing_ok=True)
+    accelerator.wait_for_everyone()
 
 
 def _resume(accelerator: Accelerator, checkpoint: tuple[int, Path]) -> int:

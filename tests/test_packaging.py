@@ -1,5 +1,6 @@
 """A non-editable wheel install works: configs/ and the tokenizer corpus ship as package data, and the
-light core (numpy, pydantic, pyyaml) is enough for the interface, the registry and the rule rewards."""
+light core (numpy, pydantic, pyyaml, httpx) is enough for the interface, the registry, the rule rewards and
+the remote client."""
 
 from __future__ import annotations
 
@@ -88,7 +89,7 @@ def test_wheel_metadata_has_a_light_core_and_pinned_transformers(wheel):
         metadata = email.parser.Parser().parsestr(archive.read(metadata_name).decode())
     requires = metadata.get_all("Requires-Dist")
     core = sorted(re.match(r"[A-Za-z0-9_.-]+", req).group().lower() for req in requires if "extra ==" not in req)
-    assert core == ["numpy", "pydantic", "pyyaml"]
+    assert core == ["httpx", "numpy", "pydantic", "pyyaml"]
     assert any(req.startswith("transformers") and "<5.24" in req for req in requires), requires
     extras = set(metadata.get_all("Provides-Extra"))
     assert {"models", "training", "robotics", "generation", "annotation", "serve", "cli", "dev", "all"} <= extras
@@ -118,6 +119,9 @@ CORE_CHECK = textwrap.dedent(
     progress = build_reward("goal_pixel_progress").score([request])[0].reward
     motion = build_reward("motion_penalty").score([request])[0].reward
     assert np.isfinite(progress) and np.isfinite(motion) and motion < 0, (progress, motion)
+
+    from vlm_rewards.serving.client import RemoteReward  # the remote client works with the core alone
+    assert RemoteReward.__name__ == "RemoteReward"
 
     corpus = corpus_file().read_text(encoding="utf-8").splitlines()
     assert len([line for line in corpus if line.strip()]) > 50

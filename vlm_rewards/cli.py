@@ -222,5 +222,59 @@ def rewards() -> None:
         console.print(f"  {path.stem:<28} {path}")
 
 
+
+@app.command("serve")
+def serve_reward(args: JobArgs = None) -> None:
+    """Serve a reward over HTTP on Ray Serve (dynamic batching, replicas): `vlmr serve REWARD [key=value ...]`."""
+    from vlm_rewards.serving.config import ServeConfig, run_serve_job, serve_job_args
+
+    with clean_errors():
+        job_args = serve_job_args(args)
+    run_config_job(ServeConfig, run_serve_job, job_args)
+
+
+
+@app.command()
+def annotate(args: JobArgs = None) -> None:
+    """Annotate a video folder, a LeRobot v3 dataset or an episode dataset with per-frame progress/reward.
+
+    Resumable (a re-run does only what is missing), local or on Ray (`engine: ray`). Episodes that
+    cannot be read or scored go to failures.json; the job then exits with code 3 after the others.
+    """
+    from vlm_rewards.annotation import AnnotateConfig, run_annotation
+
+    def run(config: AnnotateConfig, *_: object) -> None:
+        summary = run_annotation(config, track=tqdm_track)
+        console.print(
+            f"annotated {summary.num_annotated} of {summary.num_episodes} episodes "
+            f"({summary.num_skipped} done before), {summary.num_failed} failed: {summary.output_dir}"
+        )
+        if summary.report is not None:
+            console.print(f"report: {summary.report}")
+        if summary.num_failed:
+            report_error(f"{summary.num_failed} episode(s) failed; see {summary.output_dir / 'failures.json'}")
+            raise typer.Exit(code=3)
+
+    run_config_job(AnnotateConfig, run, args)
+
+
+@app.command()
+def collect(args: JobArgs = None) -> None:
+    """Roll out scripted policies on a MuJoCo task and write an episode dataset with progress labels."""
+    from robotics.collect import collect as run_collect
+    from robotics.config import CollectConfig
+
+    run_config_job(CollectConfig, lambda config: run_collect(config, tqdm_track), args)
+
+
+@app.command()
+def rl(args: JobArgs = None) -> None:
+    """Train PPO or SAC on a MuJoCo task with a sparse, dense, learned or goal-image reward."""
+    from robotics.config import RLConfig
+    from robotics.rl import run_rl
+
+    run_config_job(RLConfig, lambda config: console.print(run_rl(config)), args)
+
+
 if __name__ == "__main__":
     app()

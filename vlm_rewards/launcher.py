@@ -29,7 +29,6 @@ EXTRA_FOR_MODULE = {
     "cv2": "robotics",
     "diffusers": "generation",
     "ray": "serve",
-    "httpx": "serve",
 }
 
 

@@ -1,0 +1,175 @@
+"""`vlmr collect`: scripted rollouts of the tasks written as an episode dataset (data/README.md).
+
+Policies: `expert`, `noisy` (expert + Gaussian action noise), `wrong_object` (the expert for a
+distractor: a failure that looks competent) and `random`. Episodes run the full time limit (no
+termination on success), `num_envs` at a time in a gymnasium vector env; episode j is reset with
+seed `seed + j`, so a config fixes the dataset.
+
+Progress labels (`progress_label`):
+- `geometric`: the env's task progress per frame (right for every policy, failures included);
+- `time`: linear from 0 at the first frame to 1 at the first successful frame, 1 after it; all 0 for
+  an unsuccessful episode (ReWiND's convention: a clip that does not do the task earns nothing);
+- `stage`: like `time`, but the way to success is split into the task's stages (Push: approach,
+  then push) with their progress budgets, spread inside a stage by visual change
+  (`vlm_rewards.data.labels.stage_budget_progress`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+import gymnasium as gym
+import numpy as np
+
+from robotics.config import CollectConfig
+from robotics.envs import make_gym_vector
+from robotics.experts import make_expert, pick_wrong_target, scripted_action
+from robotics.reward_wrapper import unstack_infos
+from vlm_rewards.data.episodes import EpisodeDataset, EpisodeRecord, write_episodes
+from vlm_rewards.data.labels import stage_budget_progress, visual_change
+
+logger = logging.getLogger("vlm_rewards.robotics.collect")
+Track = Callable[[Iterable, str], Iterable]
+
+
+@dataclass
+class Rollout:
+    """One episode as stepped: frames per camera, the env's info per frame, the policy."""
+
+    policy: str
+    frames: dict[str, list[np.ndarray]]
+    infos: list[dict]
+    reference: np.ndarray | None
+
+    @property
+    def success(self) -> bool:
+        return bool(self.infos[-1]["is_success"])
+
+
+def policy_schedule(config: CollectConfig) -> list[str]:
+    """The policy of every episode, in a seeded shuffled order (so every batch mixes policies)."""
+    names = [name for name, count in config.episodes.items() for _ in range(count)]
+    if not names:
+        raise ValueError("collect: episodes asks for 0 episodes; give at least one policy a count > 0")
+    return [names[i] for i in np.random.default_rng(config.seed).permutation(len(names))]
+
+
+def run_rollouts(config: CollectConfig, track: Track | None = None) -> Iterator[Rollout]:
+    """Roll out every scheduled episode, `num_envs` at a time."""
+    cameras = [config.env.camera, *[view for view in config.views if view != config.env.camera]]
+    envs = make_gym_vector(config.env, cameras=cameras, terminate_on_success=False, goal_image=config.goal_reference)
+    expert = make_expert(gym.make(config.env.id, num_distractors=config.env.num_distractors))
+    rng = np.random.default_rng(config.seed)
+    schedule = policy_schedule(config)
+    batches = range(0, len(schedule), envs.num_envs)
+    try:
+        for start in (track or _untracked)(batches, "collect"):
+            policies = schedule[start : start + envs.num_envs]
+            yield from _run_batch(envs, expert, policies, config, rng, seed=config.seed + start)
+    finally:
+        envs.close()
+
+
+def _run_batch(envs, expert, policies: list[str], config: CollectConfig, rng, seed: int) -> Iterator[Rollout]:
+    num_envs = envs.num_envs
+    obs, infos = envs.reset(seed=[seed + i for i in range(num_envs)])
+    per_env = unstack_infos(infos, num_envs)
+    rollouts = [
+        Rollout(policy, {name: [frame] for name, frame in info["frames"].items()}, [info], info.get("reference"))
+        for policy, info in zip(policies, per_env)
+    ]
+    policies = policies + ["random"] * (num_envs - len(policies))  # spare envs of a last, short batch
+    noises = [config.noise if policy == "noisy" else 0.0 for policy in policies]
+    wrong = [pick_wrong_target(expert, o, rng) for o in obs]
+    done = np.zeros(num_envs, bool)
+    while not done.all():
+        actions = np.stack(
+            [scripted_action(expert, _base_policy(p), o, rng, n, w) for p, o, n, w in zip(policies, obs, noises, wrong)]
+        )
+        obs, _, terminated, truncated, infos = envs.step(actions)
+        for i, info in enumerate(unstack_infos(infos, num_envs)[: len(rollouts)]):
+            if not done[i]:
+                for name, frame in info["frames"].items():
+                    rollouts[i].frames[name].append(frame)
+                rollouts[i].infos.append(info)
+        done |= terminated | truncated
+    yield from rollouts
+
+
+def _base_policy(policy: str) -> str:
+    return "expert" if policy == "noisy" else policy
+
+
+def progress_labels(rollout: Rollout, kind: str, stage_budgets: tuple[float, ...], camera: str) -> np.ndarray:
+    geometric = np.array([info["progress"] for info in rollout.infos], dtype=np.float32)
+    if kind == "geometric":
+        return geometric
+    num_frames = len(geometric)
+    successes = np.flatnonzero([info["is_success"] for info in rollout.infos])
+    if len(successes) == 0:
+        return np.zeros(num_frames, np.float32)
+    reached = int(successes[0])
+    labels = np.ones(num_frames, np.float32)
+    if reached == 0:
+        return labels
+    if kind == "time":
+        labels[: reached + 1] = np.linspace(0.0, 1.0, reached + 1)
+        return labels
+    stages = np.array([info["stage"] for info in rollout.infos[: reached + 1]])
+    ends = [int(np.argmax(stages >= k)) for k in range(1, len(stage_budgets))] + [reached]
+    budgets = list(stage_budgets)
+    keep = [k for k in range(len(ends)) if ends[k] >= 1 and (k == 0 or ends[k] > ends[k - 1])]
+    ends, budgets = [ends[k] for k in keep], [budgets[k] for k in keep]
+    if not ends or ends[-1] != reached:  # a stage skipped at the very end: one stage for everything
+        ends, budgets = [reached], [1.0]
+    frames = np.stack(rollout.frames[camera][: reached + 1])
+    labels[: reached + 1] = stage_budget_progress(ends, budgets, reached + 1, change=visual_change(frames))
+    return labels
+
+
+def to_record(rollout: Rollout, episode_id: int, config: CollectConfig, stage_budgets) -> EpisodeRecord:
+    camera = config.env.camera
+    progress = progress_labels(rollout, config.progress_label, stage_budgets, camera)
+    keep = _strided(len(progress), config.frame_stride)
+    views = {name: np.stack(frames)[keep] for name, frames in rollout.frames.items() if name != camera}
+    return EpisodeRecord(
+        episode_id=episode_id,
+        instruction=rollout.infos[0]["instruction"],
+        frames=np.stack(rollout.frames[camera])[keep],
+        progress=progress[keep],
+        success=rollout.success,
+        policy=rollout.policy,
+        views=views,
+        reference=rollout.reference,
+    )
+
+
+def _strided(num_frames: int, stride: int) -> np.ndarray:
+    keep = np.arange(0, num_frames, stride)
+    return keep if keep[-1] == num_frames - 1 else np.append(keep, num_frames - 1)
+
+
+def collect(config: CollectConfig, track: Track | None = None) -> EpisodeDataset:
+    """Roll out the configured policies and write the dataset to `config.output`."""
+    from robotics.tasks import TASKS
+
+    stage_budgets = TASKS[config.env.id][0].stage_budgets
+    counts: dict[str, list[int]] = {}
+
+    def records() -> Iterator[EpisodeRecord]:
+        for episode_id, rollout in enumerate(run_rollouts(config, track)):
+            counts.setdefault(rollout.policy, []).append(rollout.success)
+            yield to_record(rollout, episode_id, config, stage_budgets)
+
+    generator = {"name": "robotics.collect", **config.model_dump(mode="json")}
+    dataset = write_episodes(config.output, records(), config.frame_format, fps=config.fps, generator=generator)
+    for policy, successes in sorted(counts.items()):
+        logger.info("%s: %d episodes, success rate %.2f", policy, len(successes), np.mean(successes))
+    logger.info("wrote %d episodes to %s", len(dataset), config.output)
+    return dataset
+
+
+def _untracked(iterable: Iterable, description: str = "") -> Iterable:
+    return iterable

@@ -1,0 +1,118 @@
+"""Job configs of `vlmr collect` and `vlmr rl` (pydantic; every knob has a default)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import pydantic
+
+from robotics.reward_wrapper import RewardWrapperConfig
+from vlm_rewards.config import JobConfig
+
+
+class EnvConfig(pydantic.BaseModel, extra="forbid"):
+    id: Literal["vlmr/Reach-v0", "vlmr/Push-v0"] = "vlmr/Reach-v0"
+    num_envs: int = pydantic.Field(4, ge=1)
+    vectorization: Literal["sync", "async"] = "sync"  # async: one process per env (renders in parallel)
+    width: int = pydantic.Field(64, ge=16)
+    height: int = pydantic.Field(64, ge=16)
+    camera: str = "top"  # the main camera (the reward's `frames`)
+    num_distractors: int = pydantic.Field(2, ge=1)
+    max_episode_steps: int | None = None  # None: the task's default (Reach 50, Push 100)
+
+
+class CollectConfig(JobConfig):
+    output: str = "runs/collect/reach"
+    env: EnvConfig = EnvConfig()
+    episodes: dict[Literal["expert", "noisy", "wrong_object", "random"], int] = {
+        "expert": 24, "noisy": 16, "wrong_object": 12, "random": 12,
+    }  # fmt: skip
+    noise: float = pydantic.Field(0.3, ge=0)  # action noise std of the `noisy` expert
+    progress_label: Literal["geometric", "time", "stage"] = "geometric"
+    frame_stride: int = pydantic.Field(2, ge=1)  # keep every k-th frame (the first and last always)
+    views: list[str] = ["front"]  # extra cameras stored as views
+    goal_reference: bool = True  # store the goal render as the episode's `reference`
+    frame_format: Literal["npz", "mp4"] = "npz"
+    fps: int = 10
+    seed: int = 0
+
+
+class PPOParams(pydantic.BaseModel, extra="forbid"):
+    n_steps: int = 128  # per env, per rollout
+    batch_size: int = 128
+    n_epochs: int = 10
+    learning_rate: float = 3e-4
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    clip_range: float = 0.2
+    ent_coef: float = 0.0
+    net_arch: list[int] = [64, 64]
+
+
+class SACParams(pydantic.BaseModel, extra="forbid"):
+    learning_rate: float = 1e-3
+    buffer_size: int = 100_000
+    batch_size: int = 256
+    learning_starts: int = 500
+    train_freq: int = 1
+    gradient_steps: int = 1
+    gamma: float = 0.99
+    tau: float = 0.005
+    net_arch: list[int] = [128, 128]
+
+
+class RewardChoice(pydantic.BaseModel, extra="forbid"):
+    """sparse / dense: the env's own reward; learned: any reward config through the wrapper;
+    goal_image: `goal_pixel_progress` against the env's goal render, through the wrapper."""
+
+    source: Literal["sparse", "dense", "learned", "goal_image"] = "sparse"
+    config: str | None = None  # reward YAML (path or shipped name) for source=learned
+    wrapper: RewardWrapperConfig = RewardWrapperConfig()
+
+    @pydantic.model_validator(mode="after")
+    def _config_for_learned(self) -> RewardChoice:
+        if self.source == "learned" and not self.config:
+            raise ValueError("reward.source=learned needs reward.config (a reward YAML path or shipped name)")
+        return self
+
+
+class EvalConfig(pydantic.BaseModel, extra="forbid"):
+    every: int = pydantic.Field(2048, ge=1)  # env steps between evaluations
+    episodes: int = pydantic.Field(10, ge=1)  # on fixed seeds seed_start, seed_start + 1, ...
+    seed_start: int = 10_000
+    video: bool = True  # an mp4 of the first evaluation episode at each evaluation
+
+
+class RLConfig(JobConfig):
+    run_dir: str = "runs/rl/reach_sparse"
+    algo: Literal["ppo", "sac"] = "ppo"
+    env: EnvConfig = EnvConfig()
+    reward: RewardChoice = RewardChoice()
+    total_timesteps: int = pydantic.Field(20_000, ge=1)
+    ppo: PPOParams = PPOParams()
+    sac: SACParams = SACParams()
+    eval: EvalConfig = EvalConfig()
+    checkpoint_every: int = pydantic.Field(4096, ge=1)  # env steps
+    resume: bool = True  # continue from run_dir/checkpoints if it holds one
+    seed: int = 0
+    device: str = "cpu"
+
+    @pydantic.model_validator(mode="after")
+    def _consistent(self) -> RLConfig:
+        algo_gamma = self.ppo.gamma if self.algo == "ppo" else self.sac.gamma
+        wrapper = self.reward.wrapper
+        if (
+            self.reward.source in ("learned", "goal_image")
+            and wrapper.mode == "shaping"
+            and wrapper.gamma != algo_gamma
+        ):
+            raise ValueError(
+                f"reward.wrapper.gamma={wrapper.gamma} differs from {self.algo}.gamma={algo_gamma}; potential shaping "
+                "keeps the optimal policy only with the algorithm's discount"
+            )
+        deferred = wrapper.reward_every != 1 or wrapper.async_inference
+        if self.algo == "sac" and deferred and self.reward.source in ("learned", "goal_image"):
+            raise ValueError(
+                "sac stores rewards as it steps: use reward.wrapper.reward_every=1 without async_inference"
+            )
+        return self

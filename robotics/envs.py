@@ -1,0 +1,57 @@
+"""Build the tasks as single envs, gymnasium vector envs or SB3 VecEnvs, each env in `CameraFrames`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import gymnasium as gym
+from stable_baselines3.common.monitor import Monitor
+from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv
+
+import robotics.tasks  # noqa: F401 - registers the vlmr/* envs
+from robotics.config import EnvConfig
+from robotics.frames import CameraFrames
+
+
+def make_env(
+    config: EnvConfig,
+    cameras: Sequence[str] | None = None,
+    reward_type: str = "sparse",
+    terminate_on_success: bool = True,
+    goal_image: bool = False,
+) -> gym.Env:
+    """One task env rendering `cameras` (default: the main camera) into its infos."""
+    kwargs = {"max_episode_steps": config.max_episode_steps} if config.max_episode_steps else {}
+    env = gym.make(
+        config.id,
+        render_mode="rgb_array",
+        width=config.width,
+        height=config.height,
+        camera=config.camera,
+        reward_type=reward_type,
+        terminate_on_success=terminate_on_success,
+        num_distractors=config.num_distractors,
+        **kwargs,
+    )
+    return CameraFrames(env, cameras=list(cameras or [config.camera]), goal_image=goal_image)
+
+
+def env_factories(config: EnvConfig, **kwargs) -> list[Callable[[], gym.Env]]:
+    return [lambda: make_env(config, **kwargs) for _ in range(config.num_envs)]
+
+
+def make_gym_vector(config: EnvConfig, **kwargs) -> gym.vector.VectorEnv:
+    factories = env_factories(config, **kwargs)
+    if config.vectorization == "async":
+        return gym.vector.AsyncVectorEnv(factories, context="spawn")
+    return gym.vector.SyncVectorEnv(factories)
+
+
+def make_sb3_vec(config: EnvConfig, seed: int = 0, **kwargs) -> VecEnv:
+    """An SB3 VecEnv; each env in a `Monitor` that logs the env's own return and `is_success`."""
+    factories = [
+        lambda make=make: Monitor(make(), info_keywords=("is_success",)) for make in env_factories(config, **kwargs)
+    ]
+    venv = SubprocVecEnv(factories, start_method="spawn") if config.vectorization == "async" else DummyVecEnv(factories)
+    venv.seed(seed)
+    return venv

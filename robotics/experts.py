@@ -1,0 +1,111 @@
+"""Scripted policies acting on the state observation, so they run on vector-env observation batches.
+
+- `expert`: solves the task; `noise` adds Gaussian action noise (std in action units).
+- `wrong_object`: the expert for a distractor (another target / block), a failure that looks competent.
+- `random`: uniform actions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from robotics.tasks import EE_RADIUS, PushEnv, ReachEnv
+
+POLICIES = ("expert", "noisy", "wrong_object", "random")
+GAIN = 12.0  # action per metre of position error; saturates beyond ~8 cm
+
+
+def _towards(ee: np.ndarray, point: np.ndarray, gain: float = GAIN) -> np.ndarray:
+    return np.clip(gain * (point - ee), -1.0, 1.0)
+
+
+class ReachExpert:
+    def __init__(self, num_targets: int):
+        self.num_targets = num_targets
+
+    def act(self, obs: np.ndarray, target: int | None = None) -> np.ndarray:
+        ee = obs[0:2]
+        targets = obs[4 : 4 + 2 * self.num_targets].reshape(-1, 2)
+        named = int(np.argmax(obs[4 + 2 * self.num_targets :]))
+        return _towards(ee, targets[named if target is None else target])
+
+
+class PushExpert:
+    """Go behind the block (seen from the zone), then push through it toward the zone centre."""
+
+    behind = EE_RADIUS + 0.03 + 0.025  # pre-push distance from the block centre
+
+    def __init__(self, num_blocks: int, num_zones: int):
+        self.num_blocks, self.num_zones = num_blocks, num_zones
+
+    def act(self, obs: np.ndarray, target: int | None = None) -> np.ndarray:
+        ee = obs[0:2]
+        blocks = obs[4 : 4 + 2 * self.num_blocks].reshape(-1, 2)
+        zones_end = 4 + 2 * self.num_blocks + 2 * self.num_zones
+        zones = obs[4 + 2 * self.num_blocks : zones_end].reshape(-1, 2)
+        named_block = int(np.argmax(obs[zones_end : zones_end + self.num_blocks]))
+        zone = zones[int(np.argmax(obs[zones_end + self.num_blocks :]))]
+        block = blocks[named_block if target is None else target]
+
+        to_zone = zone - block
+        direction = to_zone / max(np.linalg.norm(to_zone), 1e-6)
+        pre_push = block - direction * self.behind
+        offset = ee - block
+        along = offset @ direction  # > 0: the end-effector is on the zone side of the block
+        lateral = offset - along * direction
+        if np.linalg.norm(ee - pre_push) > 0.02 and (along > -0.03 or np.linalg.norm(lateral) > 0.02):
+            if along > -0.03 and np.linalg.norm(lateral) < 0.06:
+                # in front of (or beside) the block: step sideways first so the detour does not push it
+                side = (
+                    lateral / max(np.linalg.norm(lateral), 1e-6)
+                    if np.linalg.norm(lateral) > 1e-3
+                    else (np.array([-direction[1], direction[0]]))
+                )
+                return _towards(ee, block + side * 0.09 - direction * 0.02)
+            return _towards(ee, pre_push)
+        # aim the end-effector where it stands when the block sits on the zone; a push bias until close
+        bias = 0.3 * direction if np.linalg.norm(to_zone) > 0.03 else 0.0
+        return np.clip(_towards(ee, zone - direction * self.behind, gain=8.0) + bias, -1, 1)
+
+
+def make_expert(env) -> ReachExpert | PushExpert:
+    """The expert of an env (any wrapper around a `vlmr/*` env)."""
+    task = env.unwrapped
+    if isinstance(task, ReachEnv):
+        return ReachExpert(task.num_targets)
+    if isinstance(task, PushEnv):
+        return PushExpert(task.num_blocks, task.num_zones)
+    raise ValueError(f"no scripted expert for {type(task).__name__}; experts exist for ReachEnv and PushEnv")
+
+
+def num_objects(expert: ReachExpert | PushExpert) -> int:
+    return expert.num_targets if isinstance(expert, ReachExpert) else expert.num_blocks
+
+
+def named_object(expert: ReachExpert | PushExpert, obs: np.ndarray) -> int:
+    start = 4 + 2 * num_objects(expert) + (2 * expert.num_zones if isinstance(expert, PushExpert) else 0)
+    return int(np.argmax(obs[start : start + num_objects(expert)]))
+
+
+def scripted_action(
+    expert: ReachExpert | PushExpert,
+    policy: str,
+    obs: np.ndarray,
+    rng: np.random.Generator,
+    noise: float = 0.0,
+    wrong_target: int | None = None,
+) -> np.ndarray:
+    """One action of `policy` for one observation. `wrong_target`: the distractor `wrong_object` goes for."""
+    if policy == "random":
+        return rng.uniform(-1.0, 1.0, size=2).astype(np.float32)
+    if policy not in POLICIES:
+        raise ValueError(f"policy {policy!r}; expected one of {POLICIES}")
+    action = expert.act(obs, target=wrong_target if policy == "wrong_object" else None)
+    if noise > 0:
+        action = action + rng.normal(0.0, noise, size=2)
+    return np.clip(action, -1.0, 1.0).astype(np.float32)
+
+
+def pick_wrong_target(expert: ReachExpert | PushExpert, obs: np.ndarray, rng: np.random.Generator) -> int:
+    named = named_object(expert, obs)
+    return int(rng.choice([i for i in range(num_objects(expert)) if i != named]))

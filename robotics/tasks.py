@@ -1,0 +1,438 @@
+"""Language-conditioned MuJoCo tabletop tasks with a 2-D point end-effector.
+
+The end-effector and the blocks move on slide joints in the table plane (no gravity, no rotation),
+which keeps physics and rendering fast on CPU. Colours are drawn per episode, so the policy (state
+observation with a one-hot of the named object) and the reward (pixels + instruction) both need the
+instruction to know which object counts.
+
+- `vlmr/Reach-v0`: "reach the red target" among distractor targets.
+- `vlmr/Push-v0`: "push the red block to the green zone" among a distractor block and zone.
+
+Every env: `render_mode="rgb_array"`, cameras `top` and `front` (`render(camera)`, `render_cameras()`),
+`render_goal(camera)` (the scene with the task solved, for goal-image rewards), `instruction`,
+and in `info`: `is_success` (sparse), `progress` (task-geometric progress in [0, 1]), `dense_reward`
+(progress − 1, the ground-truth dense reward: ≤ 0, so finishing early never loses return), `stage`
+(subtasks done: Push has approach, then push) and `instruction`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gymnasium as gym
+import mujoco
+import numpy as np
+
+COLOURS = {
+    "red": (0.9, 0.1, 0.1),
+    "green": (0.1, 0.75, 0.1),
+    "blue": (0.15, 0.3, 0.95),
+    "yellow": (0.95, 0.85, 0.1),
+    "purple": (0.6, 0.2, 0.8),
+    "orange": (1.0, 0.5, 0.0),
+    "cyan": (0.1, 0.85, 0.85),
+}
+CAMERAS = ("top", "front")
+WORKSPACE = 0.3  # objects are placed in [-WORKSPACE, WORKSPACE]^2
+EE_RADIUS = 0.025
+BLOCK_HALF = 0.03
+MAX_SPEED = 0.6  # m/s of the end-effector at |action| = 1
+
+_SCENE = """
+<mujoco model="vlmr_tabletop">
+  <option timestep="0.01" gravity="0 0 0"/>
+  <visual><quality shadowsize="0"/><global offwidth="256" offheight="256"/></visual>
+  <worldbody>
+    <light pos="0 0 2" dir="0 0 -1" castshadow="false" diffuse="0.8 0.8 0.8"/>
+    <camera name="top" pos="0 0 1.05" xyaxes="1 0 0 0 1 0" fovy="45"/>
+    <camera name="front" pos="0 -0.85 0.75" xyaxes="1 0 0 0 0.66 0.75" fovy="45"/>
+    <geom name="table" type="plane" size="0.45 0.45 0.01" rgba="0.55 0.5 0.45 1" contype="0" conaffinity="0"/>
+    {walls}
+    {markers}
+    <body name="ee" pos="0 0 {ee_z}">
+      <joint name="ee_x" type="slide" axis="1 0 0" range="-0.38 0.38" damping="1"/>
+      <joint name="ee_y" type="slide" axis="0 1 0" range="-0.38 0.38" damping="1"/>
+      <geom name="ee" type="sphere" size="{ee_radius}" mass="0.2" rgba="0.95 0.95 0.95 1" contype="1" conaffinity="1"/>
+    </body>
+    {blocks}
+  </worldbody>
+  <actuator>
+    <velocity name="vx" joint="ee_x" kv="20" ctrlrange="-{speed} {speed}"/>
+    <velocity name="vy" joint="ee_y" kv="20" ctrlrange="-{speed} {speed}"/>
+  </actuator>
+</mujoco>
+"""
+
+
+def _walls() -> str:
+    sides = [("0.42 0 0.03", "0.02 0.44 0.03"), ("-0.42 0 0.03", "0.02 0.44 0.03"),
+             ("0 0.42 0.03", "0.44 0.02 0.03"), ("0 -0.42 0.03", "0.44 0.02 0.03")]  # fmt: skip
+    return "\n".join(
+        f'<geom type="box" pos="{pos}" size="{size}" rgba="0.35 0.3 0.25 1" contype="1" conaffinity="1"/>'
+        for pos, size in sides
+    )
+
+
+def _marker(name: str, shape: str) -> str:
+    """A flat, non-colliding coloured marker (a reach target disc or a goal zone square)."""
+    size = "0.035 0.002" if shape == "disc" else "0.06 0.06 0.002"
+    geom_type = "cylinder" if shape == "disc" else "box"
+    return (
+        f'<body name="{name}" mocap="true" pos="0 0 0.002">'
+        f'<geom name="{name}" type="{geom_type}" size="{size}" contype="0" conaffinity="0"/></body>'
+    )
+
+
+def _block(name: str) -> str:
+    return (
+        f'<body name="{name}" pos="0 0 {BLOCK_HALF}">'
+        f'<joint name="{name}_x" type="slide" axis="1 0 0" damping="4"/>'
+        f'<joint name="{name}_y" type="slide" axis="0 1 0" damping="4"/>'
+        f'<geom name="{name}" type="box" size="{BLOCK_HALF} {BLOCK_HALF} {BLOCK_HALF}" mass="0.1" '
+        f'contype="1" conaffinity="1" friction="0.5 0.005 0.0001"/></body>'
+    )
+
+
+def build_model(markers: list[tuple[str, str]], blocks: list[str]) -> mujoco.MjModel:
+    xml = _SCENE.format(
+        walls=_walls(),
+        markers="\n".join(_marker(name, shape) for name, shape in markers),
+        blocks="\n".join(_block(name) for name in blocks),
+        ee_z=EE_RADIUS,
+        ee_radius=EE_RADIUS,
+        speed=MAX_SPEED,
+    )
+    return mujoco.MjModel.from_xml_string(xml)
+
+
+@dataclass
+class Layout:
+    """One episode's scene: object colours and positions, and which object/zone the instruction names."""
+
+    colours: list[str]
+    positions: np.ndarray  # (n, 2)
+    target: int
+    zone_colours: list[str]
+    zone_positions: np.ndarray  # (m, 2); empty for Reach
+    zone: int
+    ee_start: np.ndarray  # (2,)
+
+
+class TabletopEnv(gym.Env):
+    """Shared machinery: MuJoCo model, cameras, seeded layouts, success and progress bookkeeping."""
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 20}
+    frame_skip = 5  # 0.05 s per env step
+
+    def __init__(
+        self,
+        render_mode: str | None = None,
+        width: int = 64,
+        height: int = 64,
+        camera: str = "top",
+        reward_type: str = "sparse",
+        terminate_on_success: bool = True,
+        num_distractors: int = 2,
+    ):
+        if render_mode not in (None, "rgb_array"):
+            raise ValueError(f"render_mode {render_mode!r}; expected None or 'rgb_array'")
+        if camera not in CAMERAS:
+            raise ValueError(f"camera {camera!r}; this env has cameras {CAMERAS}")
+        if reward_type not in ("sparse", "dense"):
+            raise ValueError(f"reward_type {reward_type!r}; expected 'sparse' or 'dense'")
+        self.render_mode, self.width, self.height, self.camera = render_mode, width, height, camera
+        self.reward_type, self.terminate_on_success = reward_type, terminate_on_success
+        self.num_distractors = num_distractors
+        self.model = self._build_model()
+        self.data = mujoco.MjData(self.model)
+        self._renderer: mujoco.Renderer | None = None
+        self.action_space = gym.spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
+        size = len(self._observation())
+        self.observation_space = gym.spaces.Box(-np.inf, np.inf, shape=(size,), dtype=np.float32)
+
+    # --------------------------------------------------------------- task-specific hooks
+
+    def _build_model(self) -> mujoco.MjModel:
+        raise NotImplementedError
+
+    def _sample_layout(self, rng: np.random.Generator) -> Layout:
+        raise NotImplementedError
+
+    def _progress_and_success(self) -> tuple[float, bool]:
+        raise NotImplementedError
+
+    @property
+    def instruction(self) -> str:
+        raise NotImplementedError
+
+    stage_budgets: tuple[float, ...] = (1.0,)  # progress share of each stage, for stage-based labels
+
+    def _stage(self, success: bool) -> int:
+        """Stages completed so far (len(stage_budgets) on success)."""
+        return len(self.stage_budgets) if success else 0
+
+    # --------------------------------------------------------------- gymnasium API
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self.layout = self._sample_layout(self.np_random)
+        self._apply_layout(self.layout)
+        self._start = self._distances()
+        return self._observation(), self._info()
+
+    def step(self, action):
+        action = np.clip(np.asarray(action, dtype=np.float64), -1.0, 1.0)
+        self.data.ctrl[:] = action * MAX_SPEED
+        mujoco.mj_step(self.model, self.data, nstep=self.frame_skip)
+        info = self._info()
+        success = info["is_success"]
+        reward = info["dense_reward"] if self.reward_type == "dense" else float(success)
+        terminated = bool(success and self.terminate_on_success)
+        return self._observation(), reward, terminated, False, info
+
+    def _info(self) -> dict:
+        progress, success = self._progress_and_success()
+        return {
+            "is_success": bool(success),
+            "stage": self._stage(success),
+            "progress": float(progress),
+            "dense_reward": float(progress) - 1.0,
+            "instruction": self.instruction,
+        }
+
+    # --------------------------------------------------------------- rendering
+
+    def render(self, camera: str | None = None) -> np.ndarray | None:
+        if self.render_mode != "rgb_array":
+            return None
+        return self._render_camera(camera or self.camera)
+
+    def render_cameras(self, cameras: tuple[str, ...] = CAMERAS) -> dict[str, np.ndarray]:
+        """Frames of several cameras of the current state: name -> (H, W, 3) uint8."""
+        return {name: self._render_camera(name) for name in cameras}
+
+    def render_goal(self, camera: str | None = None) -> np.ndarray:
+        """The scene of this episode with the task solved (the named object at its goal)."""
+        saved_qpos = self.data.qpos.copy()
+        self._pose_solved()
+        mujoco.mj_forward(self.model, self.data)
+        frame = self._render_camera(camera or self.camera)
+        self.data.qpos[:] = saved_qpos
+        mujoco.mj_forward(self.model, self.data)
+        return frame
+
+    def _render_camera(self, camera: str) -> np.ndarray:
+        if camera not in CAMERAS:
+            raise ValueError(f"camera {camera!r}; this env has cameras {CAMERAS}")
+        if self._renderer is None:
+            self._renderer = mujoco.Renderer(self.model, self.height, self.width)
+            for flag in (mujoco.mjtRndFlag.mjRND_SHADOW, mujoco.mjtRndFlag.mjRND_REFLECTION,
+                         mujoco.mjtRndFlag.mjRND_SKYBOX):  # fmt: skip
+                self._renderer.scene.flags[flag] = False
+        self._renderer.update_scene(self.data, camera=camera)
+        return self._renderer.render().copy()
+
+    def close(self) -> None:
+        if self._renderer is not None:
+            self._renderer.close()
+            self._renderer = None
+
+    # --------------------------------------------------------------- state helpers
+
+    @property
+    def ee_position(self) -> np.ndarray:
+        return self.data.qpos[0:2].copy()
+
+    def _set_rgba(self, geom: str, colour: str) -> None:
+        self.model.geom_rgba[self.model.geom(geom).id] = (*COLOURS[colour], 1.0)
+
+    def _set_marker(self, body: str, position: np.ndarray) -> None:
+        self.data.mocap_pos[self.model.body(body).mocapid[0]] = (*position, 0.002)
+
+    def _observation(self) -> np.ndarray:
+        raise NotImplementedError
+
+    def _distances(self) -> np.ndarray:
+        raise NotImplementedError
+
+
+def _spread_positions(rng: np.random.Generator, count: int, min_gap: float, avoid=()) -> np.ndarray:
+    """`count` points in the workspace at least `min_gap` apart (and from the points in `avoid`)."""
+    points = list(avoid)
+    chosen = []
+    while len(chosen) < count:
+        candidate = rng.uniform(-WORKSPACE, WORKSPACE, size=2)
+        if all(np.linalg.norm(candidate - p) >= min_gap for p in points):
+            points.append(candidate)
+            chosen.append(candidate)
+    return np.array(chosen)
+
+
+def _one_hot(index: int, size: int) -> np.ndarray:
+    vector = np.zeros(size)
+    vector[index] = 1.0
+    return vector
+
+
+class ReachEnv(TabletopEnv):
+    """Move the end-effector onto the named coloured target; success within 0.04 of its centre."""
+
+    success_distance = 0.04
+
+    @property
+    def num_targets(self) -> int:
+        return 1 + self.num_distractors
+
+    def _build_model(self) -> mujoco.MjModel:
+        return build_model([(f"target{i}", "disc") for i in range(self.num_targets)], blocks=[])
+
+    def _sample_layout(self, rng: np.random.Generator) -> Layout:
+        names = list(COLOURS)
+        colours = [names[i] for i in rng.choice(len(names), self.num_targets, replace=False)]
+        ee_start = rng.uniform(-WORKSPACE, WORKSPACE, size=2)
+        positions = _spread_positions(rng, self.num_targets, 0.15, avoid=[ee_start])
+        return Layout(colours, positions, int(rng.integers(self.num_targets)), [], np.zeros((0, 2)), 0, ee_start)
+
+    def _apply_layout(self, layout: Layout) -> None:
+        mujoco.mj_resetData(self.model, self.data)
+        for i, (colour, position) in enumerate(zip(layout.colours, layout.positions)):
+            self._set_rgba(f"target{i}", colour)
+            self._set_marker(f"target{i}", position)
+        self.data.qpos[0:2] = layout.ee_start
+        mujoco.mj_forward(self.model, self.data)
+
+    @property
+    def instruction(self) -> str:
+        return f"reach the {self.layout.colours[self.layout.target]} target"
+
+    @property
+    def goal_position(self) -> np.ndarray:
+        return self.layout.positions[self.layout.target]
+
+    def _distances(self) -> np.ndarray:
+        return np.array([np.linalg.norm(self.ee_position - self.goal_position)])
+
+    def _progress_and_success(self) -> tuple[float, bool]:
+        distance = self._distances()[0]
+        progress = np.clip(1.0 - distance / max(self._start[0], 1e-6), 0.0, 1.0)
+        success = distance < self.success_distance
+        return (1.0 if success else float(progress)), bool(success)
+
+    def _pose_solved(self) -> None:
+        self.data.qpos[0:2] = self.goal_position
+
+    def _observation(self) -> np.ndarray:
+        if not hasattr(self, "layout"):  # before the first reset: the right size, zeros
+            return np.zeros(4 + 3 * self.num_targets, dtype=np.float32)
+        parts = [self.ee_position, self.data.qvel[0:2], self.layout.positions.ravel(),
+                 _one_hot(self.layout.target, self.num_targets)]  # fmt: skip
+        return np.concatenate(parts).astype(np.float32)
+
+
+class PushEnv(TabletopEnv):
+    """Push the named block into the named goal zone; success with its centre within 0.05 of the zone's."""
+
+    success_distance = 0.05
+    approach_share = 0.2  # progress budget of getting to the block; the rest is the block's way to the zone
+    stage_budgets = (approach_share, 1 - approach_share)
+    contact_distance = EE_RADIUS + BLOCK_HALF + 0.01
+
+    def _stage(self, success: bool) -> int:
+        return 2 if success else int(self._distances()[0] == 0.0)
+
+    @property
+    def num_blocks(self) -> int:
+        return 1 + (self.num_distractors + 1) // 2
+
+    @property
+    def num_zones(self) -> int:
+        return 1 + self.num_distractors // 2
+
+    def _build_model(self) -> mujoco.MjModel:
+        markers = [(f"zone{i}", "square") for i in range(self.num_zones)]
+        return build_model(markers, blocks=[f"block{i}" for i in range(self.num_blocks)])
+
+    def _sample_layout(self, rng: np.random.Generator) -> Layout:
+        names = list(COLOURS)
+        order = rng.permutation(len(names))
+        colours = [names[i] for i in order[: self.num_blocks]]
+        zone_colours = [names[i] for i in order[self.num_blocks : self.num_blocks + self.num_zones]]
+        zone_positions = _spread_positions(rng, self.num_zones, 0.25)
+        # blocks stay off the zones and away from the walls so that every block can be pushed anywhere
+        limit = WORKSPACE - 0.05
+        positions = []
+        while len(positions) < self.num_blocks:
+            candidate = rng.uniform(-limit, limit, size=2)
+            near = [*zone_positions, *positions]
+            if all(np.linalg.norm(candidate - p) >= 0.17 for p in near):
+                positions.append(candidate)
+        ee_start = _spread_positions(rng, 1, 0.12, avoid=positions)[0]
+        target, zone = int(rng.integers(self.num_blocks)), int(rng.integers(self.num_zones))
+        return Layout(colours, np.array(positions), target, zone_colours, zone_positions, zone, ee_start)
+
+    def _apply_layout(self, layout: Layout) -> None:
+        mujoco.mj_resetData(self.model, self.data)
+        for i, (colour, position) in enumerate(zip(layout.zone_colours, layout.zone_positions)):
+            self._set_rgba(f"zone{i}", colour)
+            self._set_marker(f"zone{i}", position)
+        for i, colour in enumerate(layout.colours):
+            self._set_rgba(f"block{i}", colour)
+        self.data.qpos[0:2] = layout.ee_start
+        self.data.qpos[2:] = layout.positions.ravel()  # slide joints hold offsets from the origin
+        mujoco.mj_forward(self.model, self.data)
+
+    @property
+    def instruction(self) -> str:
+        layout = self.layout
+        return f"push the {layout.colours[layout.target]} block to the {layout.zone_colours[layout.zone]} zone"
+
+    @property
+    def block_positions(self) -> np.ndarray:
+        return self.data.qpos[2:].reshape(self.num_blocks, 2).copy()
+
+    @property
+    def goal_position(self) -> np.ndarray:
+        return self.layout.zone_positions[self.layout.zone]
+
+    def _distances(self) -> np.ndarray:
+        block = self.block_positions[self.layout.target]
+        approach = max(np.linalg.norm(self.ee_position - block) - self.contact_distance, 0.0)
+        return np.array([approach, np.linalg.norm(block - self.goal_position)])
+
+    def _progress_and_success(self) -> tuple[float, bool]:
+        approach, to_goal = self._distances()
+        start_approach, start_to_goal = np.maximum(self._start, 1e-6)
+        approach_progress = np.clip(1.0 - approach / start_approach, 0.0, 1.0)
+        push_progress = np.clip(1.0 - to_goal / start_to_goal, 0.0, 1.0)
+        success = to_goal < self.success_distance
+        progress = self.approach_share * approach_progress + (1 - self.approach_share) * push_progress
+        return (1.0 if success else float(progress)), bool(success)
+
+    def _pose_solved(self) -> None:
+        blocks = self.block_positions
+        blocks[self.layout.target] = self.goal_position
+        self.data.qpos[2:] = blocks.ravel()
+        direction = self.goal_position - self.layout.positions[self.layout.target]
+        direction /= max(np.linalg.norm(direction), 1e-6)
+        self.data.qpos[0:2] = self.goal_position - direction * self.contact_distance
+
+    def _observation(self) -> np.ndarray:
+        if not hasattr(self, "layout"):
+            return np.zeros(4 + 3 * self.num_blocks + 3 * self.num_zones, dtype=np.float32)
+        layout = self.layout
+        parts = [self.ee_position, self.data.qvel[0:2], self.block_positions.ravel(), layout.zone_positions.ravel(),
+                 _one_hot(layout.target, self.num_blocks), _one_hot(layout.zone, self.num_zones)]  # fmt: skip
+        return np.concatenate(parts).astype(np.float32)
+
+
+TASKS = {"vlmr/Reach-v0": (ReachEnv, 50), "vlmr/Push-v0": (PushEnv, 100)}
+
+
+def register_tasks() -> None:
+    """Register the suite with gymnasium (idempotent); importing `robotics.tasks` does it."""
+    for env_id, (cls, max_steps) in TASKS.items():
+        if env_id not in gym.registry:
+            gym.register(env_id, entry_point=f"{cls.__module__}:{cls.__name__}", max_episode_steps=max_steps)
+
+
+register_tasks()

@@ -1,0 +1,94 @@
+import json
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from robotics.collect import Rollout, progress_labels
+from robotics.config import RLConfig
+from robotics.rl import RLRun
+from vlm_rewards.cli import app
+from vlm_rewards.data.episodes import EpisodeDataset
+
+runner = CliRunner()
+TINY_ENV = {"num_envs": 2, "width": 16, "height": 16, "max_episode_steps": 12}
+
+
+def test_collect_cli_writes_a_readable_episode_dataset(tmp_path):
+    out = tmp_path / "reach"
+    overrides = [f"output={out}", "env.num_envs=2", "env.width=16", "env.height=16", "env.max_episode_steps=20",
+                 "episodes={expert: 2, noisy: 1, wrong_object: 1, random: 1}", "progress_label=time"]  # fmt: skip
+    result = runner.invoke(app, ["collect", "configs/robotics/collect_reach.yaml", *overrides])
+    assert result.exit_code == 0, result.output
+    dataset = EpisodeDataset(out)
+    assert len(dataset) == 5 and dataset.meta["clips"] == ["frames", "view.front", "reference"]
+    episodes = list(dataset)
+    by_policy = {e.policy: e for e in episodes}
+    assert set(by_policy) == {"expert", "noisy", "wrong_object", "random"}
+    expert = by_policy["expert"]
+    assert expert.success and expert.progress[0] == 0 and expert.progress[-1] == 1
+    assert expert.frames.shape == (11, 16, 16, 3) and expert.views["front"].shape == expert.frames.shape  # stride 2
+    assert not by_policy["wrong_object"].success and np.all(by_policy["wrong_object"].progress == 0)
+    assert "reach the" in expert.instruction and expert.reference.shape == (1, 16, 16, 3)
+
+
+def test_stage_labels_follow_the_stages():
+    before = [{"progress": 0.0, "is_success": False, "stage": stage} for stage in (0, 0, 1, 1)]
+    infos = before + [{"progress": 1.0, "is_success": True, "stage": 2}] * 2
+    frames = {"top": [np.full((4, 4, 3), 10 * t, np.uint8) for t in range(6)]}
+    labels = progress_labels(Rollout("expert", frames, infos, None), "stage", (0.2, 0.8), "top")
+    np.testing.assert_allclose(labels[[0, 2, 4, 5]], [0.0, 0.2, 1.0, 1.0], atol=1e-6)
+    assert np.all(np.diff(labels) >= 0)
+    failed = [dict(info, is_success=False) for info in infos]
+    assert np.all(progress_labels(Rollout("random", frames, failed, None), "time", (1.0,), "top") == 0)
+
+
+@pytest.mark.slow
+def test_tiny_ppo_run_with_a_goal_image_reward_writes_its_folder_and_resumes(tmp_path):
+    config = RLConfig(
+        run_dir=str(tmp_path / "run"), total_timesteps=128, env=TINY_ENV,
+        reward={"source": "goal_image", "wrapper": {"normalize": True, "success_bonus": 1.0}},
+        ppo={"n_steps": 32, "batch_size": 32, "n_epochs": 1}, eval={"every": 64, "episodes": 2}, checkpoint_every=64,
+    )  # fmt: skip
+    run = RLRun(config)
+    summary = run.train()
+    run.close()
+    folder = tmp_path / "run"
+    for name in ("config.yaml", "progress.csv", "eval.jsonl", "monitor.jsonl", "learning_curve.png",
+                 "summary.json", "checkpoints/model.zip", "checkpoints/state.json"):  # fmt: skip
+        assert (folder / name).is_file(), name
+    assert list((folder / "videos").glob("eval_*.mp4")) and list(folder.glob("events.out.tfevents*"))
+    assert summary["timesteps"] == 128
+    monitor = [json.loads(line) for line in (folder / "monitor.jsonl").read_text().splitlines()]
+    assert monitor[-1]["reward/calls_per_step"] == 1.0 and "reward/corr_progress_true" in monitor[-1]
+    state = json.loads((folder / "checkpoints/state.json").read_text())
+    assert state["num_timesteps"] == 128 and state["normalizer"]["count"] == 128
+
+    resumed = RLRun(config.model_copy(update={"total_timesteps": 192}))
+    assert resumed.model.num_timesteps == 128
+    assert resumed.streams.normalizer.state_dict() == state["normalizer"]  # the normaliser round-trips
+    assert resumed.train()["timesteps"] == 192
+    resumed.close()
+    assert [e["timesteps"] for e in resumed.eval_history] == [64, 128, 192]
+
+
+@pytest.mark.slow
+def test_tiny_sac_run_with_the_dense_reward(tmp_path):
+    config = RLConfig(
+        run_dir=str(tmp_path / "sac"), algo="sac", total_timesteps=96, env=TINY_ENV, reward={"source": "dense"},
+        sac={"learning_starts": 32, "batch_size": 32, "buffer_size": 1000}, eval={"every": 96, "episodes": 1,
+        "video": False}, checkpoint_every=96,
+    )  # fmt: skip
+    run = RLRun(config)
+    assert run.train()["timesteps"] == 96
+    run.close()
+    assert (tmp_path / "sac/checkpoints/replay_buffer.pkl").is_file()
+
+
+def test_rl_config_refuses_inconsistent_settings():
+    with pytest.raises(ValueError, match="gamma"):
+        RLConfig(reward={"source": "goal_image", "wrapper": {"gamma": 0.9}})
+    with pytest.raises(ValueError, match="sac stores rewards"):
+        RLConfig(algo="sac", reward={"source": "goal_image", "wrapper": {"reward_every": 0}})
+    with pytest.raises(ValueError, match="needs reward.config"):
+        RLConfig(reward={"source": "learned"})

@@ -1,0 +1,103 @@
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import robotics.tasks  # noqa: F401 - registers vlmr/*
+from robotics.experts import make_expert, pick_wrong_target, scripted_action
+from robotics.frames import CameraFrames
+
+TASKS = ["vlmr/Reach-v0", "vlmr/Push-v0"]
+
+
+@pytest.mark.parametrize("env_id", TASKS)
+def test_env_passes_gymnasium_checker(env_id):
+    env = gym.make(env_id, render_mode="rgb_array", width=32, height=32)
+    check_env(env.unwrapped, skip_render_check=False)
+    obs, info = env.reset(seed=3)
+    assert env.observation_space.contains(obs)
+    assert {"is_success", "progress", "dense_reward", "instruction", "stage"} <= set(info)
+    frames = env.unwrapped.render_cameras()
+    assert set(frames) == {"top", "front"} and all(
+        f.shape == (32, 32, 3) and f.dtype == np.uint8 for f in frames.values()
+    )
+    assert env.unwrapped.render_goal().shape == (32, 32, 3)
+
+
+@pytest.mark.parametrize("env_id", TASKS)
+def test_seeded_resets_repeat_and_differ(env_id):
+    env = gym.make(env_id)
+    first, info = env.reset(seed=7)
+    again, info_again = env.reset(seed=7)
+    other, _ = env.reset(seed=8)
+    assert np.array_equal(first, again) and info["instruction"] == info_again["instruction"]
+    assert not np.array_equal(first, other)
+
+
+def success_rate(env_id: str, policy: str, episodes: int, noise: float = 0.0) -> float:
+    env = gym.make(env_id)
+    expert, rng, successes = make_expert(env), np.random.default_rng(0), []
+    for seed in range(episodes):
+        obs, info = env.reset(seed=seed)
+        wrong, done = pick_wrong_target(expert, obs, rng), False
+        while not done:
+            obs, _, terminated, truncated, info = env.step(scripted_action(expert, policy, obs, rng, noise, wrong))
+            done = terminated or truncated
+        successes.append(info["is_success"])
+    return float(np.mean(successes))
+
+
+@pytest.mark.parametrize("env_id", TASKS)
+def test_experts_succeed_and_random_or_wrong_object_rarely(env_id):
+    assert success_rate(env_id, "expert", 20) >= 0.85
+    assert success_rate(env_id, "expert", 10, noise=0.3) >= 0.6
+    assert success_rate(env_id, "random", 10) <= 0.2
+    assert success_rate(env_id, "wrong_object", 10) <= 0.2
+
+
+def test_sparse_and_dense_rewards_and_termination():
+    env = gym.make("vlmr/Reach-v0", reward_type="dense")
+    obs, info = env.reset(seed=0)
+    expert = make_expert(env)
+    rewards = []
+    while True:
+        obs, reward, terminated, truncated, info = env.step(expert.act(obs))
+        rewards.append(reward)
+        if terminated or truncated:
+            break
+    assert terminated and info["is_success"] and rewards[-1] == 0.0  # dense = progress − 1
+    assert all(r <= 0 for r in rewards) and rewards[0] < rewards[-2]
+
+
+def test_camera_frames_errors_are_clear():
+    with pytest.raises(ValueError, match="render_mode=None"):
+        CameraFrames(gym.make("vlmr/Reach-v0"))
+    with pytest.raises(ValueError, match=r"camera\(s\) \['wrist'\] do not exist"):
+        CameraFrames(gym.make("vlmr/Reach-v0", render_mode="rgb_array"), cameras=["wrist"])
+
+
+class PlainRGBEnv(gym.Env):
+    """Any env with render_mode="rgb_array" and no cameras of its own."""
+
+    observation_space = gym.spaces.Box(-1, 1, (1,))
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self):
+        self.render_mode = "rgb_array"
+
+    def reset(self, *, seed=None, options=None):
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(1, np.float32), 0.0, False, False, {}
+
+    def render(self):
+        return np.full((8, 8, 3), 100, np.uint8)
+
+
+def test_camera_frames_works_with_any_rgb_env():
+    env = CameraFrames(PlainRGBEnv(), cameras=["default"], instruction="balance")
+    _, info = env.reset(seed=0)
+    assert info["instruction"] == "balance" and info["frames"]["default"].ndim == 3
+    *_, info = env.step(0)
+    assert info["frames"]["default"].dtype == np.uint8

@@ -1,0 +1,240 @@
+"""Decoding one episode into the frames a reward sees (PyAV), run in decode workers.
+
+`decode_episode(ref, sampling)` returns a `DecodedEpisode` (sampled uint8 frames, their source frame
+indices, the episode length, views, reference) or raises `DecodeError` with a reason for the
+failures report. Only sampled frames are kept in memory; the last frame is always sampled.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import os
+from dataclasses import dataclass, field
+
+import av
+import numpy as np
+from PIL import Image
+
+from vlm_rewards.annotation.config import SamplingConfig
+from vlm_rewards.annotation.sources import CameraSpan, EpisodeRef
+from vlm_rewards.media import read_clip
+
+
+class DecodeError(Exception):
+    """An episode that cannot be decoded; the message is the reason in the failures report."""
+
+
+@dataclass
+class DecodedEpisode:
+    ref: EpisodeRef
+    frames: np.ndarray  # (T_s, H, W, 3) uint8, the sampled frames
+    frame_index: np.ndarray  # (T_s,) int64 source frame indices, strictly increasing, last = num_frames-1
+    num_frames: int
+    views: dict[str, np.ndarray] = field(default_factory=dict)
+    reference: np.ndarray | None = None
+    worker: str = ""  # "pid:thread" of the decode worker (diagnostics only, never in outputs)
+
+    def to_bytes(self) -> bytes:
+        """An .npz payload (no pickle) for passing between Ray stages."""
+        arrays = {"frames": self.frames, "frame_index": self.frame_index, "num_frames": np.array(self.num_frames)}
+        arrays |= {f"view.{name}": view for name, view in self.views.items()}
+        if self.reference is not None:
+            arrays["reference"] = self.reference
+        buffer = io.BytesIO()
+        np.savez(buffer, **arrays)
+        return buffer.getvalue()
+
+    @classmethod
+    def from_bytes(cls, ref: EpisodeRef, payload: bytes) -> DecodedEpisode:
+        with np.load(io.BytesIO(payload), allow_pickle=False) as archive:
+            return cls(
+                ref=ref,
+                frames=archive["frames"],
+                frame_index=archive["frame_index"],
+                num_frames=int(archive["num_frames"]),
+                views={k.removeprefix("view."): archive[k] for k in archive.files if k.startswith("view.")},
+                reference=archive["reference"] if "reference" in archive.files else None,
+            )
+
+
+class FrameSelector:
+    """Online frame selection while decoding: every frame, every k-th, or `fps` frames per second."""
+
+    def __init__(self, sampling: SamplingConfig, source_fps: float | None):
+        self.sampling = sampling
+        if sampling.mode == "fps":
+            if not source_fps:
+                raise DecodeError("sampling.mode 'fps' but the source has no frame rate")
+            self.step = source_fps / sampling.fps
+        else:
+            self.step = float(sampling.stride if sampling.mode == "stride" else 1)
+        self._next = 0.0
+
+    def __call__(self, index: int) -> bool:
+        if index + 1e-9 < self._next:
+            return False
+        while self._next <= index + 1e-9:
+            self._next += self.step
+        return True
+
+
+def decode_episode(ref: EpisodeRef, sampling: SamplingConfig) -> DecodedEpisode:
+    """Decode and sample one episode; raises DecodeError with the reason if it cannot."""
+    if ref.problem:
+        raise DecodeError(ref.problem)
+    try:
+        if ref.kind == "video":
+            decoded = _decode_video_file(ref, sampling)
+        elif ref.kind == "lerobot":
+            decoded = _decode_lerobot(ref, sampling)
+        elif ref.kind == "episodes":
+            decoded = _decode_episode_dataset(ref, sampling)
+        else:
+            raise DecodeError(f"unknown episode kind {ref.kind!r}")
+        decoded.reference = _load_reference(ref.reference) if ref.reference else decoded.reference
+        if decoded.reference is not None and sampling.max_side:
+            decoded.reference = _resize_array(decoded.reference, sampling.max_side)
+    except DecodeError:
+        raise
+    except (av.error.FFmpegError, OSError, ValueError, KeyError, IndexError, RuntimeError, EOFError) as error:
+        raise DecodeError(f"{ref.path}: unreadable ({type(error).__name__}: {error})") from None
+    decoded.worker = f"{os.getpid()}:{__import__('threading').get_ident()}"
+    return decoded
+
+
+def _target_size(width: int, height: int, max_side: int | None) -> tuple[int, int] | None:
+    if not max_side or max(width, height) <= max_side:
+        return None
+    scale = max_side / max(width, height)
+    return max(1, round(width * scale)), max(1, round(height * scale))
+
+
+def _to_array(frame: av.VideoFrame, max_side: int | None) -> np.ndarray:
+    size = _target_size(frame.width, frame.height, max_side)
+    if size is None:
+        return frame.to_ndarray(format="rgb24")
+    return frame.to_ndarray(format="rgb24", width=size[0], height=size[1], interpolation="BILINEAR")
+
+
+def _resize_array(frames: np.ndarray, max_side: int) -> np.ndarray:
+    size = _target_size(frames.shape[2], frames.shape[1], max_side)
+    if size is None:
+        return frames
+    return np.stack([np.asarray(Image.fromarray(frame).resize(size, Image.BILINEAR)) for frame in frames])
+
+
+def _check_file(path: str) -> None:
+    if not os.path.exists(path):
+        raise DecodeError(f"{path}: no such file")
+    if not os.path.isfile(path):
+        raise DecodeError(f"{path}: not a file")
+    if os.path.getsize(path) == 0:
+        raise DecodeError(f"{path}: empty file (0 bytes)")
+
+
+def _decode_video_file(ref: EpisodeRef, sampling: SamplingConfig) -> DecodedEpisode:
+    _check_file(ref.path)
+    frames, indices, last, count = [], [], None, 0
+    with av.open(ref.path) as container:
+        if not container.streams.video:
+            raise DecodeError(f"{ref.path}: no video stream")
+        stream = container.streams.video[0]
+        rate = stream.average_rate or stream.guessed_rate
+        select = FrameSelector(sampling, float(rate) if rate else None)
+        for frame in container.decode(stream):
+            if select(count):
+                frames.append(_to_array(frame, sampling.max_side))
+                indices.append(count)
+            last, count = frame, count + 1
+    if count == 0:
+        raise DecodeError(f"{ref.path}: the video has no frames")
+    if indices[-1] != count - 1:
+        frames.append(_to_array(last, sampling.max_side))
+        indices.append(count - 1)
+    return DecodedEpisode(ref, np.stack(frames), np.asarray(indices, dtype=np.int64), count)
+
+
+def _decode_span(span: CameraSpan, length: int, fps: float, keep: np.ndarray, max_side: int | None) -> np.ndarray:
+    """The frames at episode indices `keep` of one camera: frames whose timestamps lie in the span,
+    episode frame i at from_timestamp + i / fps (LeRobot's convention, tolerance 1e-4 s + half a frame)."""
+    _check_file(span.path)
+    wanted = {int(i): n for n, i in enumerate(keep)}
+    out: list[np.ndarray | None] = [None] * len(keep)
+    tolerance = 0.5 / fps
+    with av.open(span.path) as container:
+        stream = container.streams.video[0]
+        if span.from_timestamp > 0:
+            container.seek(int(span.from_timestamp / stream.time_base), stream=stream, backward=True)
+        for frame in container.decode(stream):
+            if frame.time is None:
+                continue
+            position = (frame.time - span.from_timestamp) * fps
+            index = round(position)
+            if abs(position - index) / fps > tolerance or index < 0:
+                continue
+            if index >= length or frame.time >= span.to_timestamp + 1e-4:
+                break
+            if index in wanted and out[wanted[index]] is None:
+                out[wanted[index]] = _to_array(frame, max_side)
+    missing = [int(keep[n]) for n, frame in enumerate(out) if frame is None]
+    if missing:
+        raise DecodeError(
+            f"{span.path}: camera {span.name!r} has no frame for episode frame(s) {missing[:5]} "
+            f"(timestamps {span.from_timestamp:.3f}..{span.to_timestamp:.3f} s at {fps} fps); truncated or corrupt?"
+        )
+    return np.stack(out)
+
+
+def _decode_lerobot(ref: EpisodeRef, sampling: SamplingConfig) -> DecodedEpisode:
+    if not ref.length:
+        raise DecodeError(f"episode {ref.episode}: length 0")
+    select = FrameSelector(sampling, ref.fps)
+    keep = [i for i in range(ref.length) if select(i)]
+    if keep[-1] != ref.length - 1:
+        keep.append(ref.length - 1)
+    keep_array = np.asarray(keep, dtype=np.int64)
+    clips = {span.name: _decode_span(span, ref.length, ref.fps, keep_array, sampling.max_side) for span in ref.cameras}
+    frames = clips.pop("frames")
+    return DecodedEpisode(ref, frames, keep_array, ref.length, views=clips)
+
+
+@functools.lru_cache(maxsize=4)
+def _open_episode_dataset(root: str):
+    from vlm_rewards.data.episodes import EpisodeDataset
+
+    return EpisodeDataset(root)
+
+
+def _decode_episode_dataset(ref: EpisodeRef, sampling: SamplingConfig) -> DecodedEpisode:
+    record = _open_episode_dataset(ref.path)[ref.episode_index]
+    select = FrameSelector(sampling, ref.fps)
+    keep = [i for i in range(record.num_frames) if select(i)]
+    if keep[-1] != record.num_frames - 1:
+        keep.append(record.num_frames - 1)
+    keep_array = np.asarray(keep, dtype=np.int64)
+
+    def prepare(clip: np.ndarray) -> np.ndarray:
+        clip = clip[keep_array]
+        return _resize_array(clip, sampling.max_side) if sampling.max_side else clip
+
+    return DecodedEpisode(
+        ref,
+        prepare(record.frames),
+        keep_array,
+        record.num_frames,
+        views={name: prepare(view) for name, view in record.views.items()},
+        reference=record.reference,
+    )
+
+
+@functools.lru_cache(maxsize=16)
+def _load_reference_cached(path: str) -> np.ndarray:
+    return read_clip(path)
+
+
+def _load_reference(path: str) -> np.ndarray:
+    try:
+        return _load_reference_cached(path)
+    except ValueError as error:
+        raise DecodeError(f"reference {path}: {error}") from None

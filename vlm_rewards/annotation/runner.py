@@ -1,0 +1,270 @@
+"""`run_annotation(config)`: list episodes, skip finished ones, decode in workers, score in batches,
+write per-episode shards, then merge (see `vlm_rewards.annotation.outputs` for the folder layout).
+
+The local engine decodes in a process (or thread) pool that runs ahead of the reward, at most
+`decode.workers * decode.prefetch` episodes in flight, so the reward scores batch k while the workers
+decode batch k+1. `engine: ray` hands the same work to `vlm_rewards.annotation.ray_engine`.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import logging
+import multiprocessing
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vlm_rewards.annotation.config import AnnotateConfig, SamplingConfig
+from vlm_rewards.annotation.decode import DecodedEpisode, DecodeError, decode_episode
+from vlm_rewards.annotation.outputs import (
+    FORMAT,
+    FORMAT_VERSION,
+    OutputStore,
+    finalize,
+    lerobot_values,
+    write_lerobot_copy,
+    write_lerobot_progress_table,
+)
+from vlm_rewards.annotation.report import episode_flags, write_report
+from vlm_rewards.annotation.scoring import EpisodeOutcome, check_reward_for_annotation, score_batch
+from vlm_rewards.annotation.sources import EpisodeRef, iter_episodes, source_name
+from vlm_rewards.fingerprint import fingerprint, sha256_file
+from vlm_rewards.interface import RewardModel
+from vlm_rewards.registry import build_reward
+
+logger = logging.getLogger(__name__)
+Track = Callable[..., Iterable]
+
+
+@dataclass
+class AnnotationSummary:
+    output_dir: Path
+    fingerprint: str
+    num_episodes: int
+    num_annotated: int
+    num_failed: int
+    num_skipped: int  # already done before this run
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    decode_workers_used: set[str] = field(default_factory=set)
+    report: Path | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.num_failed == 0
+
+
+def job_fingerprint(config: AnnotateConfig, reward: RewardModel) -> tuple[str, dict[str, Any]]:
+    """What changes outputs: the reward (name, version), sampling and preprocessing, the source's
+    identity and instruction settings (sidecar and reference contents). Not the engine, workers or
+    batch size: outputs do not depend on them."""
+    source = config.source
+    parts = {
+        "format": [FORMAT, FORMAT_VERSION],
+        "reward": {"name": reward.spec.name, "version": reward.spec.version, "dense": reward.spec.dense,
+                   "max_frames": reward.spec.max_frames},
+        "sampling": config.sampling.model_dump(mode="json"),
+        "source": {
+            "kind": source.kind,
+            "name": source_name(source),
+            "instruction": source.instruction,
+            "instructions_sha256": sha256_file(source.instructions) if source.instructions else None,
+            "reference_sha256": sha256_file(source.reference) if source.reference else None,
+            "camera": source.camera,
+            "views": dict(sorted(source.views.items())),
+            "extensions": sorted(e.lower() for e in source.extensions),
+            "limit": source.limit,
+        },
+    }  # fmt: skip
+    return fingerprint(parts), parts
+
+
+def run_annotation(
+    config: AnnotateConfig, track: Track | None = None, reward: RewardModel | None = None
+) -> AnnotationSummary:
+    """Annotate the configured source into `config.output_dir`; resumable, see module docstring.
+
+    reward: an already-built reward (tests, callers with a remote client); default: `config.reward`.
+    track: an optional progress wrapper `track(iterable, description, total=...)` (the CLI's tqdm).
+    """
+    reward = reward if reward is not None else build_reward(config.reward)
+    check_reward_for_annotation(reward.spec)
+    if config.source.kind == "lerobot" and not reward.spec.dense and (
+        config.lerobot.write_copy or config.lerobot.progress_table
+    ):
+        raise ValueError(
+            f"reward {reward.spec.name!r} is not dense (no per-frame progress); LeRobot outputs need one value "
+            "per frame: use a dense reward, or set lerobot.write_copy=false and lerobot.progress_table=false"
+        )
+    fp, parts = job_fingerprint(config, reward)
+    store = OutputStore(config.output_dir)
+    store.prepare(fp, parts, overwrite=config.overwrite)
+
+    refs = list(iter_episodes(config.source))
+    pending = [ref for ref in refs if not store.is_done(ref, config.retry_failed)]
+    logger.info(
+        "annotating %s: %d episodes, %d done before, %d to do (fingerprint %s, engine %s)",
+        source_name(config.source), len(refs), len(refs) - len(pending), len(pending), fp, config.engine,
+    )  # fmt: skip
+    workers_used: set[str] = set()
+    if pending:
+        if config.engine == "ray":
+            from vlm_rewards.annotation.ray_engine import run_ray
+
+            run_ray(config, pending, store, track)
+        else:
+            workers_used = run_local(config, reward, pending, store, track)
+
+    manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "fingerprint": fp, "parts": parts,
+                "source_path": str(Path(config.source.path).resolve())}  # fmt: skip
+    merged = finalize(
+        store, refs, manifest, reward.spec.components, lambda p, s: episode_flags(p, s, config.report)
+    )
+    if config.source.kind == "lerobot":
+        _write_lerobot_outputs(config, merged)
+    report = None
+    if config.report.enabled:
+        report = write_report(
+            store.root / "report", merged["episodes"], merged["progress"], merged["failures"], config.report,
+            title=f"{source_name(config.source)} — {reward.spec.name} ({reward.spec.version})",
+        )  # fmt: skip
+    counts = merged["manifest"]["counts"]
+    logger.info("annotated %d of %d episodes, %d failed; outputs in %s", counts["annotated"], len(refs),
+                counts["failed"], store.root)  # fmt: skip
+    return AnnotationSummary(
+        output_dir=store.root,
+        fingerprint=fp,
+        num_episodes=len(refs),
+        num_annotated=counts["annotated"],
+        num_failed=counts["failed"],
+        num_skipped=len(refs) - len(pending),
+        failures=merged["failures"],
+        decode_workers_used=workers_used,
+        report=report,
+    )
+
+
+def _write_lerobot_outputs(config: AnnotateConfig, merged: dict[str, Any]) -> None:
+    episodes = [entry for entry in merged["progress"].values()]
+    root = Path(config.output_dir)
+    if config.lerobot.progress_table:
+        write_lerobot_progress_table(root / "lerobot_progress.parquet", episodes)
+    if config.lerobot.write_copy:
+        value = config.lerobot.value
+        values = {meta["episode_index"]: lerobot_values(progress, value) for _, meta, progress in episodes}
+        write_lerobot_copy(
+            Path(config.source.path), root / "lerobot_dataset", values, config.lerobot.column,
+            config.lerobot.link_videos,
+        )  # fmt: skip
+
+
+# ----------------------------------------------------------------------------- local engine
+
+
+def decode_or_failure(ref: EpisodeRef, sampling: SamplingConfig) -> DecodedEpisode | EpisodeOutcome:
+    """Top-level (picklable) task for decode workers: the decoded episode, or its failure outcome."""
+    try:
+        return decode_episode(ref, sampling)
+    except DecodeError as error:
+        return EpisodeOutcome(ref=ref, error=str(error), stage="decode")
+    except Exception as error:  # noqa: BLE001 - an unexpected decoder crash fails this episode only
+        return EpisodeOutcome(ref=ref, error=f"{ref.path}: {type(error).__name__}: {error}", stage="decode")
+
+
+def make_pool(workers: int, backend: str) -> concurrent.futures.Executor:
+    if backend == "thread":
+        return concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="vlmr-decode")
+    # spawn, not fork: the parent may hold threads (reward backends, Ray) that fork would copy mid-state
+    return concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+
+
+class DecodePool:
+    """`function(item)` for each item in a worker pool, at most `window` in flight, yielded in order.
+
+    A worker that dies (a decoder crashing on a corrupt file) breaks a process pool: the item it held
+    yields `on_crash(item)`, and a fresh pool takes over the items still in flight.
+    """
+
+    def __init__(self, make: Callable[[], concurrent.futures.Executor], function: Callable, window: int,
+                 on_crash: Callable[[Any, BaseException], Any]):  # fmt: skip
+        self.make, self.function, self.window, self.on_crash = make, function, window, on_crash
+        self.pool = make()
+
+    def map(self, items: Iterable) -> Iterator[Any]:
+        in_flight: collections.deque = collections.deque()
+        iterator = iter(items)
+
+        def top_up() -> None:
+            while len(in_flight) < self.window:
+                item = next(iterator, _END)
+                if item is _END:
+                    return
+                in_flight.append((item, self.pool.submit(self.function, item)))
+
+        top_up()
+        while in_flight:
+            item, future = in_flight.popleft()
+            try:
+                result = future.result()
+            except concurrent.futures.process.BrokenProcessPool as error:
+                logger.warning("a decode worker died; restarting the pool")
+                self.pool.shutdown(wait=False, cancel_futures=True)
+                self.pool = self.make()
+                waiting = [other for other, _ in in_flight]
+                in_flight.clear()
+                in_flight.extend((other, self.pool.submit(self.function, other)) for other in waiting)
+                result = self.on_crash(item, error)
+            yield result
+            top_up()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+    def __enter__(self) -> DecodePool:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+_END = object()
+
+
+def run_local(
+    config: AnnotateConfig, reward: RewardModel, pending: list[EpisodeRef], store: OutputStore, track: Track | None
+) -> set[str]:
+    import functools
+
+    task = functools.partial(decode_or_failure, sampling=config.sampling)
+    window = max(config.batch_size, config.decode.workers * config.decode.prefetch)
+    workers: set[str] = set()
+    def crashed(ref: EpisodeRef, error: BaseException) -> EpisodeOutcome:
+        return EpisodeOutcome(ref=ref, error=f"{ref.path}: the decode worker crashed ({error})", stage="decode")
+
+    make = functools.partial(make_pool, config.decode.workers, config.decode.backend)
+    with DecodePool(make, task, window, crashed) as pool:
+        stream = pool.map(pending)
+        if track is not None:
+            stream = track(stream, "annotate", total=len(pending))
+        batch: list[DecodedEpisode] = []
+        for item in stream:
+            if isinstance(item, EpisodeOutcome):
+                logger.warning("%s %s: %s", item.ref.source, item.ref.episode, item.error)
+                store.write(item)
+                continue
+            workers.add(item.worker)
+            batch.append(item)
+            if len(batch) >= config.batch_size:
+                _score_and_write(reward, batch, store, config)
+                batch = []
+        _score_and_write(reward, batch, store, config)
+    return workers
+
+
+def _score_and_write(reward: RewardModel, batch: list[DecodedEpisode], store: OutputStore, config) -> None:
+    for outcome in score_batch(reward, batch, config.sampling.max_frames):
+        if not outcome.ok:
+            logger.warning("%s %s: %s", outcome.ref.source, outcome.ref.episode, outcome.error)
+        store.write(outcome)

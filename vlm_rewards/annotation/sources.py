@@ -1,0 +1,296 @@
+"""Episode sources: a folder of videos, a LeRobot v3 dataset, the project's episode format.
+
+`iter_episodes(config)` yields lightweight `EpisodeRef`s lazily, in a deterministic order, without
+decoding any pixels; `vlm_rewards.annotation.decode` turns a ref into frames. A ref that cannot be
+scored whatever happens (no instruction) carries a `problem` and becomes a failure without decoding.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from vlm_rewards.annotation.config import SourceConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CameraSpan:
+    """Where one camera's frames of a LeRobot episode lie: a video file and a timestamp range."""
+
+    name: str  # "frames" or a view name
+    path: str
+    from_timestamp: float
+    to_timestamp: float
+
+
+@dataclass(frozen=True)
+class EpisodeRef:
+    """One episode to annotate, without its pixels (cheap to pickle to decode workers and Ray).
+
+    episode: the episode key in outputs (a relative video path, or the episode index as text).
+    kind: "video" | "lerobot" | "episodes". path: the video file or the dataset root.
+    """
+
+    source: str
+    episode: str
+    kind: str
+    path: str
+    instruction: str | None
+    success: bool | None = None
+    problem: str | None = None
+    reference: str | None = None
+    fps: float | None = None
+    length: int | None = None  # LeRobot: frames in the episode
+    episode_index: int | None = None  # LeRobot / episodes: the dataset's id
+    index_start: int | None = None  # LeRobot: global `index` of the episode's first frame
+    cameras: tuple[CameraSpan, ...] = field(default_factory=tuple)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> EpisodeRef:
+        data = dict(data)
+        data["cameras"] = tuple(CameraSpan(**camera) for camera in data.get("cameras") or ())
+        return cls(**data)
+
+
+def source_name(config: SourceConfig) -> str:
+    return config.name or Path(config.path).resolve().name
+
+
+def iter_episodes(config: SourceConfig) -> Iterator[EpisodeRef]:
+    """Every episode of the configured source, lazily, in a deterministic order (then `limit`)."""
+    root = Path(config.path)
+    if not root.exists():
+        raise ValueError(f"source.path {root}: no such file or folder")
+    readers = {"videos": _video_folder, "lerobot": _lerobot, "episodes": _episode_dataset}
+    for count, ref in enumerate(readers[config.kind](config, root)):
+        if config.limit is not None and count >= config.limit:
+            return
+        yield ref
+
+
+# ----------------------------------------------------------------------------- video folder
+
+
+def _video_folder(config: SourceConfig, root: Path) -> Iterator[EpisodeRef]:
+    if not root.is_dir():
+        raise ValueError(f"source.path {root}: expected a folder of videos")
+    extensions = {extension.lower() for extension in config.extensions}
+    pattern = "**/*" if config.recursive else "*"
+    paths = sorted(
+        path for path in root.glob(pattern) if path.suffix.lower() in extensions and not path.name.startswith(".")
+    )
+    sidecar = load_sidecar(config.instructions) if config.instructions else {}
+    name = source_name(config)
+    reference = str(config.reference) if config.reference else None
+    for path in paths:
+        relative = path.relative_to(root).as_posix()
+        entry = sidecar.get(relative) or sidecar.get(path.name) or sidecar.get(path.stem) or {}
+        instruction = entry.get("instruction") or config.instruction
+        problem = None
+        if not instruction or not str(instruction).strip():
+            where = f"in {config.instructions}" if config.instructions else "(no sidecar and no fixed instruction)"
+            problem = f"no instruction for {relative} {where}"
+        entry_reference = entry.get("reference")
+        if entry_reference:
+            entry_reference = str(Path(config.instructions).parent / entry_reference)
+        yield EpisodeRef(
+            source=name,
+            episode=relative,
+            kind="video",
+            path=str(path),
+            instruction=instruction,
+            success=entry.get("success"),
+            problem=problem,
+            reference=entry_reference or reference,
+        )
+
+
+def load_sidecar(path: Path) -> dict[str, dict[str, Any]]:
+    """Instructions by video: JSON {key: text | {"instruction", "success", "reference"}} or CSV with
+    columns path (or video/file), instruction[, success][, reference]."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"source.instructions {path}: no such file")
+    entries: dict[str, dict[str, Any]] = {}
+    if path.suffix.lower() == ".json":
+        try:
+            data = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise ValueError(f"source.instructions {path}: not valid JSON ({error})") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"source.instructions {path}: expected a JSON object keyed by video path")
+        for key, value in data.items():
+            entries[str(key)] = {"instruction": value} if isinstance(value, str) else dict(value or {})
+    elif path.suffix.lower() == ".csv":
+        with open(path, newline="") as handle:
+            reader = csv.DictReader(handle)
+            column = next((name for name in ("path", "video", "file") if name in (reader.fieldnames or [])), None)
+            if column is None or "instruction" not in (reader.fieldnames or []):
+                raise ValueError(
+                    f"source.instructions {path}: expected CSV columns path (or video/file) and instruction, "
+                    f"got {reader.fieldnames}"
+                )
+            for row in reader:
+                entry: dict[str, Any] = {"instruction": row.get("instruction")}
+                if row.get("success") not in (None, ""):
+                    entry["success"] = row["success"].strip().lower() in ("1", "true", "yes")
+                if row.get("reference"):
+                    entry["reference"] = row["reference"]
+                entries[row[column]] = entry
+    else:
+        raise ValueError(f"source.instructions {path}: expected a .json or .csv sidecar")
+    return entries
+
+
+# ----------------------------------------------------------------------------- LeRobot v3
+
+
+def read_lerobot_info(root: Path) -> dict[str, Any]:
+    path = root / "meta" / "info.json"
+    if not path.is_file():
+        raise ValueError(f"{root}: not a LeRobot dataset (no meta/info.json)")
+    info = json.loads(path.read_text())
+    version = str(info.get("codebase_version", ""))
+    if not version.startswith("v3"):
+        raise ValueError(f"{path}: codebase_version {version!r}; only LeRobot v3.x datasets are supported")
+    return info
+
+
+def lerobot_video_keys(info: dict[str, Any]) -> list[str]:
+    return [key for key, feature in info.get("features", {}).items() if feature.get("dtype") == "video"]
+
+
+def _read_tasks(root: Path) -> dict[int, str]:
+    path = root / "meta" / "tasks.parquet"
+    if not path.is_file():
+        return {}
+    table = pq.read_table(path)
+    names = table.column_names
+    text_column = next((c for c in ("task", "__index_level_0__") if c in names), None)
+    if text_column is None or "task_index" not in names:
+        raise ValueError(f"{path}: expected columns task (or the pandas index) and task_index, got {names}")
+    return dict(zip(table["task_index"].to_pylist(), table[text_column].to_pylist()))
+
+
+def _lerobot(config: SourceConfig, root: Path) -> Iterator[EpisodeRef]:
+    info = read_lerobot_info(root)
+    fps = float(info["fps"])
+    video_keys = lerobot_video_keys(info)
+    camera = config.camera or (video_keys[0] if video_keys else None)
+    cameras = {"frames": camera, **config.views}
+    for name, key in cameras.items():
+        if key not in video_keys:
+            raise ValueError(f"source camera {key!r} (for {name}) is not a video feature of {root}; found {video_keys}")
+    tasks = _read_tasks(root)
+    video_path = info.get("video_path", "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4")
+    data_path = info.get("data_path", "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet")
+    name = source_name(config)
+    reference = str(config.reference) if config.reference else None
+    episode_files = sorted((root / "meta" / "episodes").glob("chunk-*/file-*.parquet"))
+    if not episode_files:
+        raise ValueError(f"{root}: no meta/episodes/chunk-*/file-*.parquet")
+    rows = []
+    for path in episode_files:
+        rows.extend(pq.read_table(path).to_pylist())
+    rows.sort(key=lambda row: row["episode_index"])
+    data_cache: dict[str, dict[int, dict[str, Any]]] = {}
+    for row in rows:
+        episode_index = int(row["episode_index"])
+        data_file = data_path.format(chunk_index=row["data/chunk_index"], file_index=row["data/file_index"])
+        data = _episode_data(root / data_file, data_cache).get(episode_index, {})
+        instruction = config.instruction
+        if not instruction:
+            listed = row.get("tasks") or []
+            instruction = listed[0] if listed else tasks.get(data.get("task_index"))
+        problem = None if instruction and str(instruction).strip() else f"episode {episode_index}: no task text"
+        spans = []
+        for view_name, key in cameras.items():
+            file = video_path.format(
+                video_key=key, chunk_index=row[f"videos/{key}/chunk_index"], file_index=row[f"videos/{key}/file_index"]
+            )
+            spans.append(
+                CameraSpan(
+                    view_name, str(root / file), float(row[f"videos/{key}/from_timestamp"]),
+                    float(row[f"videos/{key}/to_timestamp"]),
+                )
+            )  # fmt: skip
+        yield EpisodeRef(
+            source=name,
+            episode=str(episode_index),
+            kind="lerobot",
+            path=str(root),
+            instruction=instruction,
+            success=data.get("success"),
+            problem=problem,
+            reference=reference,
+            fps=fps,
+            length=int(row["length"]),
+            episode_index=episode_index,
+            index_start=int(row.get("dataset_from_index", data.get("index_start", 0))),
+            cameras=tuple(spans),
+        )
+
+
+def _episode_data(path: Path, cache: dict[str, dict[int, dict[str, Any]]]) -> dict[int, dict[str, Any]]:
+    """Per episode of one data file: its task_index, first global index and (if the file has a
+    `next.success` column) the success flag of its last frame. One file read, kept while listing."""
+    if str(path) in cache:
+        return cache[str(path)]
+    cache.clear()  # episodes are sorted, so a file is done once the next one is needed
+    summary: dict[int, dict[str, Any]] = {}
+    if path.is_file():
+        schema = pq.read_schema(path)
+        columns = [c for c in ("episode_index", "index", "task_index", "next.success") if c in schema.names]
+        table = pq.read_table(path, columns=columns).to_pydict()
+        for i, episode_index in enumerate(table["episode_index"]):
+            entry = summary.setdefault(int(episode_index), {"index_start": table.get("index", [0] * (i + 1))[i]})
+            if "task_index" in table:
+                entry.setdefault("task_index", table["task_index"][i])
+            if "next.success" in table:
+                entry["success"] = bool(table["next.success"][i])
+    cache[str(path)] = summary
+    return summary
+
+
+# ----------------------------------------------------------------------------- own episode format
+
+
+def _episode_dataset(config: SourceConfig, root: Path) -> Iterator[EpisodeRef]:
+    meta_path = root / "meta.json"
+    if not meta_path.is_file():
+        raise ValueError(f"{root}: not an episode dataset (no meta.json)")
+    meta = json.loads(meta_path.read_text())
+    table = pq.read_table(root / "episodes.parquet", columns=["episode_id", "frame_index", "instruction", "success"])
+    first: dict[int, dict[str, Any]] = {}
+    for row in table.to_pylist():
+        first.setdefault(int(row["episode_id"]), row)
+    name = config.name or meta.get("name") or root.resolve().name
+    reference = str(config.reference) if config.reference else None
+    for episode_id in sorted(first):
+        row = first[episode_id]
+        instruction = config.instruction or row["instruction"]
+        yield EpisodeRef(
+            source=name,
+            episode=str(episode_id),
+            kind="episodes",
+            path=str(root),
+            instruction=instruction,
+            success=row["success"],
+            problem=None if instruction and instruction.strip() else f"episode {episode_id}: no instruction",
+            reference=reference,
+            fps=float(meta.get("fps") or 0) or None,
+            episode_index=episode_id,
+        )

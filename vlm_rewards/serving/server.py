@@ -1,0 +1,433 @@
+"""The reward server: any configured reward on Ray Serve, with dynamic batching across requests.
+
+Endpoints (JSON responses; request bodies in the raw-buffer format of `vlm_rewards.serving.wire`):
+
+    GET  /healthz      liveness (no auth)
+    GET  /readyz       200 once the reward is built and warmed up, else 503 (no auth)
+    GET  /v1/spec      {"api", "spec": RewardSpec.to_json(), "version", "replica", "batching"}
+    GET  /metrics      this replica's latency percentiles, achieved batch sizes, queue depth, counts
+    POST /v1/score     items -> per item {"result": RewardResult.to_json(), "batch_size"} or {"error", "status"}
+    POST /v1/prefer    pairs -> per pair {"p": P(a > b), "batch_size"} or {"error", "status"}
+
+Every item is decoded and checked against the served spec (`validate_request`) *before* it joins a
+batch, so one bad item gets its own error while its batch-mates are scored. Items of all concurrent
+requests are gathered by `@serve.batch` into one `reward.score` call (up to `max_batch_size`, waiting
+at most `wait_timeout_s`). Status codes: 200 all items scored; 422 some item was invalid (the body
+still holds every other item's result); 400 the body cannot be decoded (or the API version in it is
+unknown); 404 unknown API version in the path; 401 missing/wrong bearer token; 409 the client pinned
+another reward version; 413 body over `max_payload_bytes`; 500 the reward failed (the item's error
+says how; clients retry). A replica keeps serving after any of these.
+"""
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import logging
+import os
+import signal
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from ray import serve
+
+from vlm_rewards.interface import RewardModel, RewardRequest, validate_request
+from vlm_rewards.serving.config import ServeConfig
+from vlm_rewards.serving.wire import (
+    API_VERSION,
+    REQUEST_ID_HEADER,
+    VERSION_HEADER,
+    DecodedBody,
+    WireError,
+    decode_body,
+)
+
+logger = logging.getLogger(__name__)
+app = FastAPI(title="vlm-rewards reward server", docs_url=None, redoc_url=None, openapi_url=None)
+
+
+class HTTPError(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+class Metrics:
+    """Rolling per-replica figures (the last `window` requests and batches)."""
+
+    def __init__(self, window: int = 10_000):
+        self.started = time.time()
+        self.latencies: dict[str, deque[float]] = {"score": deque(maxlen=window), "prefer": deque(maxlen=window)}
+        self.batch_sizes: deque[int] = deque(maxlen=window)
+        self.batches = 0
+        self.batched_items = 0
+        self.requests: dict[str, int] = {}
+        self.items = 0
+        self.item_errors = 0
+        self.queue_depth = 0  # items waiting for or in a reward call now
+        self.max_queue_depth = 0
+
+    def request(self, endpoint: str, status: int, seconds: float) -> None:
+        self.requests[f"{endpoint}:{status}"] = self.requests.get(f"{endpoint}:{status}", 0) + 1
+        if endpoint in self.latencies:
+            self.latencies[endpoint].append(seconds)
+
+    def batch(self, size: int) -> None:
+        self.batches += 1
+        self.batched_items += size
+        self.batch_sizes.append(size)
+
+    def enqueue(self, count: int) -> None:
+        self.queue_depth += count
+        self.max_queue_depth = max(self.max_queue_depth, self.queue_depth)
+
+    def to_json(self) -> dict[str, Any]:
+        def percentiles(values: deque[float]) -> dict[str, float | None]:
+            if not values:
+                return {"count": 0, "p50_ms": None, "p90_ms": None, "p99_ms": None}
+            p50, p90, p99 = np.percentile(np.asarray(values) * 1e3, [50, 90, 99])
+            return {"count": len(values), "p50_ms": float(p50), "p90_ms": float(p90), "p99_ms": float(p99)}
+
+        sizes = np.asarray(self.batch_sizes, dtype=np.float64)
+        return {
+            "uptime_s": time.time() - self.started,
+            "requests": dict(sorted(self.requests.items())),
+            "items": self.items,
+            "item_errors": self.item_errors,
+            "latency": {name: percentiles(values) for name, values in self.latencies.items()},
+            "batches": {
+                "count": self.batches,
+                "items": self.batched_items,
+                "mean_size": float(sizes.mean()) if sizes.size else None,
+                "max_size": int(sizes.max()) if sizes.size else None,
+                "histogram": {str(k): int(v) for k, v in zip(*np.unique(sizes.astype(int), return_counts=True))},
+            },
+            "queue_depth": self.queue_depth,
+            "max_queue_depth": self.max_queue_depth,
+        }
+
+
+def _ok(result_json: dict[str, Any], batch_size: int) -> dict[str, Any]:
+    return {"result": result_json, "batch_size": batch_size}
+
+
+def _bad(status: int, message: str) -> dict[str, Any]:
+    return {"error": message, "status": status}
+
+
+def _token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+@serve.deployment
+@serve.ingress(app)
+class RewardDeployment:
+    """One replica: builds the reward, validates items, batches them across requests, scores."""
+
+    def __init__(self, reward: str, settings: dict[str, Any]):
+        from vlm_rewards.registry import build_reward
+
+        self.reward: RewardModel = build_reward(reward)
+        self.spec = self.reward.spec
+        self.max_payload_bytes = int(settings["max_payload_bytes"])
+        self.token_hash: str | None = settings.get("token_sha256")
+        self.batching = {"max_batch_size": settings["max_batch_size"], "wait_timeout_s": settings["wait_timeout_s"]}
+        for method in (self._score_batch, self._prefer_batch):
+            method.set_max_batch_size(settings["max_batch_size"])
+            method.set_batch_wait_timeout_s(settings["wait_timeout_s"])
+        try:
+            self.replica = serve.get_replica_context().replica_id.unique_id
+        except Exception:  # noqa: BLE001 - outside a Serve replica (unit use)
+            self.replica = f"pid-{os.getpid()}"
+        self.metrics = Metrics()
+        self.ready_error: str | None = None
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        from vlm_rewards.testing import random_requests
+
+        try:
+            self.reward.score(random_requests(self.spec, np.random.default_rng(0), count=1, max_frames=2))
+        except Exception as error:  # noqa: BLE001 - reported by /readyz
+            self.ready_error = f"warm-up failed: {type(error).__name__}: {error}"
+            logger.exception("reward warm-up failed")
+
+    # ------------------------------------------------------------------ plain endpoints
+
+    @app.get("/healthz")
+    async def healthz(self) -> dict[str, Any]:
+        return {"status": "ok", "replica": self.replica}
+
+    @app.get("/readyz")
+    async def readyz(self) -> JSONResponse:
+        if self.ready_error:
+            return JSONResponse({"ready": False, "error": self.ready_error, "replica": self.replica}, status_code=503)
+        return JSONResponse({"ready": True, "version": self.spec.version, "replica": self.replica})
+
+    @app.get("/metrics")
+    async def metrics(self, request: Request) -> JSONResponse:
+        return await self._guard(request, "metrics", lambda: self._metrics_body())
+
+    async def _metrics_body(self) -> dict[str, Any]:
+        return {"replica": self.replica, "version": self.spec.version, **self.metrics.to_json()}
+
+    @app.get("/{api}/spec")
+    async def spec_endpoint(self, api: str, request: Request) -> JSONResponse:
+        return await self._guard(request, "spec", lambda: self._spec_body(api))
+
+    async def _spec_body(self, api: str) -> dict[str, Any]:
+        self._check_api(api)
+        return {
+            "api": API_VERSION,
+            "spec": self.spec.to_json(),
+            "version": self.spec.version,
+            "replica": self.replica,
+            "batching": self.batching,
+            "max_payload_bytes": self.max_payload_bytes,
+        }
+
+    # ------------------------------------------------------------------ scoring
+
+    @app.post("/{api}/score")
+    async def score(self, api: str, request: Request) -> JSONResponse:
+        return await self._guard(request, "score", lambda: self._score_body(api, request))
+
+    @app.post("/{api}/prefer")
+    async def prefer(self, api: str, request: Request) -> JSONResponse:
+        return await self._guard(request, "prefer", lambda: self._prefer_body(api, request))
+
+    async def _score_body(self, api: str, request: Request) -> tuple[dict[str, Any], int]:
+        body = await self._decode(api, request)
+        items = body.items("items")
+        outcomes: list[dict[str, Any] | None] = [None] * len(items)
+        pending: dict[int, RewardRequest] = {}
+        for i, item in enumerate(items):
+            where = f"items[{i}]"
+            try:
+                decoded = body.request(item, where)
+                validate_request(decoded, self.spec, where)
+            except ValueError as error:
+                outcomes[i] = _bad(422, str(error))
+                continue
+            pending[i] = decoded
+        for i, outcome in zip(pending, await self._run_batched(self._score_batch, list(pending.values()))):
+            outcomes[i] = outcome
+        for outcome, item in zip(outcomes, items):
+            if "result" in outcome:
+                outcome["key"] = item.get("key")
+        return self._respond(outcomes)
+
+    async def _prefer_body(self, api: str, request: Request) -> tuple[dict[str, Any], int]:
+        body = await self._decode(api, request)
+        pairs = body.items("pairs")
+        outcomes: list[dict[str, Any] | None] = [None] * len(pairs)
+        pending: dict[int, tuple[RewardRequest, RewardRequest]] = {}
+        for i, pair in enumerate(pairs):
+            try:
+                if not isinstance(pair, dict) or set(pair) != {"a", "b"}:
+                    raise ValueError(f"pairs[{i}]: expected {{'a': item, 'b': item}}")
+                a, b = body.request(pair["a"], f"pairs[{i}].a"), body.request(pair["b"], f"pairs[{i}].b")
+                validate_request(a, self.spec, f"pairs[{i}].a")
+                validate_request(b, self.spec, f"pairs[{i}].b")
+            except ValueError as error:
+                outcomes[i] = _bad(422, str(error))
+                continue
+            pending[i] = (a, b)
+        for i, outcome in zip(pending, await self._run_batched(self._prefer_batch, list(pending.values()))):
+            outcomes[i] = outcome
+        return self._respond(outcomes)
+
+    async def _run_batched(self, method: Callable, items: list) -> list[dict[str, Any]]:
+        """Submit each item on its own to the batched method, so items of all requests batch together."""
+        if not items:
+            return []
+        self.metrics.enqueue(len(items))
+        try:
+            return list(await asyncio.gather(*(method(item) for item in items)))
+        finally:
+            self.metrics.queue_depth -= len(items)
+
+    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005)
+    async def _score_batch(self, requests: list[RewardRequest]) -> list[dict[str, Any]]:
+        self.metrics.batch(len(requests))
+        return await asyncio.to_thread(self._score_now, requests, len(requests))
+
+    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005)
+    async def _prefer_batch(self, pairs: list[tuple[RewardRequest, RewardRequest]]) -> list[dict[str, Any]]:
+        self.metrics.batch(len(pairs))
+        return await asyncio.to_thread(self._prefer_now, pairs, len(pairs))
+
+    def _score_now(self, requests: list[RewardRequest], batch_size: int) -> list[dict[str, Any]]:
+        """Per request its result or error: a ValueError of the batch is retried item by item, so one
+        request the reward itself refuses does not sink its batch-mates."""
+        try:
+            return [_ok(result.to_json(), batch_size) for result in self.reward.score(requests)]
+        except ValueError as error:
+            if len(requests) == 1:
+                return [_bad(422, str(error))]
+            return [self._score_now([request], batch_size)[0] for request in requests]
+        except Exception as error:  # noqa: BLE001 - reported per item as 500; the replica keeps serving
+            logger.exception("reward.score failed")
+            return [_bad(500, f"reward failed: {type(error).__name__}: {error}")] * len(requests)
+
+    def _prefer_now(self, pairs: list[tuple[RewardRequest, RewardRequest]], batch_size: int) -> list[dict[str, Any]]:
+        try:
+            probabilities = self.reward.prefer([a for a, _ in pairs], [b for _, b in pairs])
+            return [{"p": None if np.isnan(p) else float(p), "batch_size": batch_size} for p in probabilities]
+        except ValueError as error:
+            if len(pairs) == 1:
+                return [_bad(422, str(error))]
+            return [self._prefer_now([pair], batch_size)[0] for pair in pairs]
+        except Exception as error:  # noqa: BLE001
+            logger.exception("reward.prefer failed")
+            return [_bad(500, f"reward failed: {type(error).__name__}: {error}")] * len(pairs)
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _respond(self, outcomes: list[dict[str, Any]]) -> tuple[dict[str, Any], int]:
+        statuses = [outcome["status"] for outcome in outcomes if "error" in outcome]
+        self.metrics.items += len(outcomes)
+        self.metrics.item_errors += len(statuses)
+        status = 200 if not statuses else (500 if 500 in statuses else max(statuses))
+        return {"api": API_VERSION, "version": self.spec.version, "replica": self.replica, "results": outcomes}, status
+
+    async def _guard(self, request: Request, endpoint: str, handler: Callable) -> JSONResponse:
+        """Auth, timing, request-id echo and errors as JSON {"error": ...} with their status code."""
+        start = time.perf_counter()
+        request_id = request.headers.get(REQUEST_ID_HEADER)
+        try:
+            self._check_auth(request)
+            outcome = await handler()
+            body, status = outcome if isinstance(outcome, tuple) else (outcome, 200)
+        except HTTPError as error:
+            body, status = {"api": API_VERSION, "error": error.message, "replica": self.replica}, error.status
+        except WireError as error:
+            body, status = {"api": API_VERSION, "error": str(error), "replica": self.replica}, 400
+        except Exception as error:  # noqa: BLE001 - a bug here must not take the replica down
+            logger.exception("request failed")
+            body, status = {"api": API_VERSION, "error": f"internal error: {type(error).__name__}: {error}"}, 500
+        if request_id is not None:
+            body["request_id"] = request_id
+        self.metrics.request(endpoint, status, time.perf_counter() - start)
+        return JSONResponse(body, status_code=status)
+
+    def _check_auth(self, request: Request) -> None:
+        if self.token_hash is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(_token_hash(token.strip()), self.token_hash):
+            raise HTTPError(401, "missing or wrong bearer token (Authorization: Bearer <token>)")
+
+    def _check_api(self, api: str) -> None:
+        if api != API_VERSION:
+            raise HTTPError(404, f"unknown API version {api!r}; this server speaks {API_VERSION} (/{API_VERSION}/...)")
+
+    async def _decode(self, api: str, request: Request) -> DecodedBody:
+        self._check_api(api)
+        expected = request.headers.get(VERSION_HEADER)
+        if expected is not None and expected != self.spec.version:
+            raise HTTPError(409, f"client pinned reward version {expected!r}; this server serves {self.spec.version!r}")
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_payload_bytes:
+            raise HTTPError(413, f"payload of {declared} bytes; this server takes at most {self.max_payload_bytes}")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.max_payload_bytes:
+                raise HTTPError(413, f"payload over {self.max_payload_bytes} bytes; split the batch")
+            chunks.append(chunk)
+        body = decode_body(b"".join(chunks))
+        if body.api != API_VERSION:
+            raise WireError(f"header.api {body.api!r}: unknown API version; this server speaks {API_VERSION}")
+        return body
+
+
+# ---------------------------------------------------------------------- deploying
+
+
+def reward_reference(reference: str) -> str:
+    """A reward name stays a name (shipped config, found on every node); a path becomes absolute."""
+    if "/" in reference or Path(reference).suffix in (".yaml", ".yml"):
+        return str(Path(reference).resolve())
+    return reference
+
+
+def build_app(config: ServeConfig):
+    """The Serve application for `config` (replicas, resources, batching, limits, token hash)."""
+    import ray
+
+    count = config.replicas.count
+    num_gpus = config.replicas.num_gpus
+    if count == "per_gpu":
+        gpus = int(ray.cluster_resources().get("GPU", 0))
+        if gpus == 0:
+            raise ValueError("replicas.count=per_gpu, but the Ray cluster has no GPUs")
+        count, num_gpus = gpus, num_gpus or 1.0
+    token = config.token()
+    settings = {
+        "max_payload_bytes": config.max_payload_bytes,
+        "max_batch_size": config.batching.max_batch_size,
+        "wait_timeout_s": config.batching.wait_timeout_s,
+        "token_sha256": None if token is None else _token_hash(token),  # replicas never see the token itself
+    }
+    deployment = RewardDeployment.options(
+        num_replicas=count,
+        ray_actor_options={"num_cpus": config.replicas.num_cpus, "num_gpus": num_gpus},
+        max_ongoing_requests=max(config.replicas.max_ongoing_requests, config.batching.max_batch_size),
+        health_check_period_s=config.replicas.health_check_period_s,
+    )
+    return deployment.bind(reward_reference(config.reward), settings)
+
+
+def start_server(config: ServeConfig) -> str:
+    """Start (or join) Ray, start Serve's HTTP proxy on config.host:port and deploy; returns the URL.
+
+    With `ray_address` (or $RAY_ADDRESS) set this joins that cluster; otherwise it starts a local Ray
+    instance. On a cluster where Serve already runs, its existing HTTP options are kept.
+    """
+    import ray
+
+    config.check_exposure()
+    if not ray.is_initialized():
+        if config.ray_address or os.environ.get("RAY_ADDRESS"):
+            ray.init(address=config.ray_address, include_dashboard=False)
+        else:
+            ray.init(num_cpus=config.num_cpus, include_dashboard=False)
+    serve.start(http_options={"host": config.host, "port": config.port})
+    try:
+        serve.run(build_app(config), name=config.app_name, route_prefix=config.route_prefix, blocking=False)
+    except RuntimeError:
+        serve.delete(config.app_name)  # replicas that cannot start would otherwise be retried forever
+        raise
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    return f"http://{host}:{config.port}{config.route_prefix.rstrip('/')}"
+
+
+def run_serve(config: ServeConfig, console=None) -> None:
+    """`vlmr serve`: deploy and block until Ctrl-C or SIGTERM, then delete the application."""
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` and container stops shut down like Ctrl-C
+    try:
+        url = start_server(config)
+        signal.signal(signal.SIGTERM, _interrupt)  # again: ray.init installs its own handler
+        message = f"serving {config.reward} at {url} (spec: {url}/v1/spec, metrics: {url}/metrics); Ctrl-C stops"
+        if console is not None:
+            console.print(message)
+        else:
+            print(message, flush=True)
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        with contextlib.suppress(Exception):  # Serve never started, or is already gone
+            serve.delete(config.app_name)
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt

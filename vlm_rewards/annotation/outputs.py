@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 
 from vlm_rewards.annotation.scoring import EpisodeOutcome
 from vlm_rewards.annotation.sources import EpisodeRef
-from vlm_rewards.io import atomic_path, write_json
+from vlm_rewards.io import atomic_path, process_alive, write_json
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ class OutputStore:
                 continue
             for path in folder.iterdir():
                 match = TEMPORARY.match(path.name)
-                if match and not _alive(int(match.group(1))) and path.is_file():
+                if match and not process_alive(int(match.group(1))) and path.is_file():
                     path.unlink(missing_ok=True)
 
     def shard_path(self, ref: EpisodeRef) -> Path:
@@ -160,18 +160,6 @@ class OutputStore:
 
 def failure_record(ref: EpisodeRef, stage: str, reason: str) -> dict[str, Any]:
     return {"source": ref.source, "episode": ref.episode, "path": ref.path, "stage": stage, "reason": reason}
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 # ----------------------------------------------------------------------------- merged outputs

@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
-import secrets
-import shutil
 import zipfile
 import zlib
 from collections import defaultdict
@@ -28,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from vlm_rewards.interface import RewardRequest, SampleKey, validate_clip
-from vlm_rewards.io import atomic_path, write_json
+from vlm_rewards.io import atomic_folder, atomic_path, write_json
 from vlm_rewards.media import read_clip, write_video
 
 FORMAT_VERSION = 1
@@ -164,7 +161,7 @@ def write_episodes(
     final_root = Path(root)
     _check_destination(final_root, "episodes.parquet")
     dataset_name = name or final_root.resolve().name
-    with _atomic_folder(final_root) as root:
+    with _dataset_folder(final_root) as root:
         frame_size, clip_names, count, num_rows = _write_episode_files(root, records, frame_format, fps)
         meta = {
             "format": "vlm-rewards/episodes",
@@ -226,43 +223,12 @@ def _check_destination(root: Path, table_name: str) -> None:
 
 
 @contextlib.contextmanager
-def _atomic_folder(root: Path) -> Iterator[Path]:
-    """Yield a hidden temporary folder next to `root`; on success rename it to `root` (which must be
-    absent or an empty folder), on failure delete it. Orphans of dead writers are removed first."""
-    root.parent.mkdir(parents=True, exist_ok=True)
-    remove_orphaned_temporaries(root)
-    temporary = root.parent / f".{root.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-    temporary.mkdir()
-    try:
+def _dataset_folder(root: Path) -> Iterator[Path]:
+    """A temporary folder that becomes `root` when the whole dataset is written (`root` must be absent or
+    empty then too: another writer may have finished first)."""
+    with atomic_folder(root) as temporary:
         yield temporary
         _check_destination(root, "meta.json")
-        os.replace(temporary, root)  # onto an empty folder or no folder: one atomic rename
-    except BaseException:
-        shutil.rmtree(temporary, ignore_errors=True)
-        raise
-
-
-def remove_orphaned_temporaries(root: Path) -> list[Path]:
-    """Delete `.<root name>.<pid>.<token>.tmp` siblings of `root` whose writing process no longer runs."""
-    removed = []
-    for candidate in root.parent.glob(f".{root.name}.*.tmp"):
-        match = re.fullmatch(rf"\.{re.escape(root.name)}\.(\d+)\.[0-9a-f]+\.tmp", candidate.name)
-        if match and candidate.is_dir() and not _process_alive(int(match.group(1))):
-            shutil.rmtree(candidate, ignore_errors=True)
-            removed.append(candidate)
-    return removed
-
-
-def _process_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def clip_location(stem: Path, frame_format: FrameFormat, clip_name: str) -> tuple[Path, str]:
@@ -425,7 +391,7 @@ def write_pairs(
     final_root = Path(root)
     _check_destination(final_root, "pairs.parquet")
     dataset_name = name or final_root.resolve().name
-    with _atomic_folder(final_root) as root:
+    with _dataset_folder(final_root) as root:
         count = _write_pair_files(root, pairs)
         meta = {
             "format": "vlm-rewards/pairs",

@@ -10,15 +10,9 @@ processor, plus `reward_head.safetensors` and `reward_model.json` (task, head, i
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import math
-import os
-import re
-import secrets
-import shutil
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Literal
@@ -32,7 +26,7 @@ from torch import nn
 
 from vlm_rewards.fingerprint import changed_files, fingerprint, fingerprint_files
 from vlm_rewards.interface import REFERENCE, BaseReward, RewardRequest, RewardResult, RewardSession, RewardSpec
-from vlm_rewards.io import make_readable, write_json
+from vlm_rewards.io import atomic_folder, make_readable, write_json
 from vlm_rewards.models.backbones import load_backbone
 from vlm_rewards.models.heads import HeadKind, RewardHead
 from vlm_rewards.models.inputs import ClipBatch, ClipInputBuilder
@@ -130,7 +124,7 @@ class RewardNetwork(nn.Module):
         reserved = {"config", "version", "files"} & extra.keys()
         if reserved:
             raise ValueError(f"save_pretrained: extra may not set {sorted(reserved)}")
-        with atomic_folder(path) as temporary:
+        with atomic_folder(path, replace=True) as temporary:
             backbone = self.backbone
             if hasattr(backbone, "merge_and_unload"):  # LoRA: save plain merged weights, keep training intact
                 backbone = copy.deepcopy(backbone).merge_and_unload()
@@ -193,44 +187,6 @@ def read_export_record(path: str | Path, verify: bool = True) -> dict:
                 f"{path}: files differ from those recorded at export (version {version}): {', '.join(changes)}"
             )
     return record
-
-
-@contextlib.contextmanager
-def atomic_folder(path: Path) -> Iterator[Path]:
-    """Yield a hidden temporary folder next to `path`; on success it replaces `path` (an old folder is
-    moved aside, the new one renamed in, the old one deleted), on failure it is deleted."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for orphan in path.parent.glob(f".{path.name}.*.tmp"):  # left by a crashed export
-        match = re.fullmatch(rf"\.{re.escape(path.name)}\.(?:new|old)\.(\d+)\.[0-9a-f]+\.tmp", orphan.name)
-        if match and not _process_alive(int(match.group(1))):
-            shutil.rmtree(orphan, ignore_errors=True)
-    token = f"{os.getpid()}.{secrets.token_hex(4)}"
-    temporary = path.parent / f".{path.name}.new.{token}.tmp"
-    temporary.mkdir()
-    try:
-        yield temporary
-        if path.exists():
-            old = path.parent / f".{path.name}.old.{token}.tmp"
-            os.replace(path, old)
-            os.replace(temporary, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(temporary, path)
-    except BaseException:
-        shutil.rmtree(temporary, ignore_errors=True)
-        raise
-
-
-def _process_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def resolve_device(device: str) -> torch.device:

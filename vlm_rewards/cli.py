@@ -243,7 +243,7 @@ def annotate(args: JobArgs = None) -> None:
     """
     from vlm_rewards.annotation import AnnotateConfig, run_annotation
 
-    def run(config: AnnotateConfig, *_: object) -> None:
+    def run(config: AnnotateConfig) -> None:
         summary = run_annotation(config, track=tqdm_track)
         console.print(
             f"annotated {summary.num_annotated} of {summary.num_episodes} episodes "

@@ -151,8 +151,8 @@ def write_episodes(
     records: any iterable, consumed once; frames are written as records arrive, so a generator
         keeps memory flat. All episodes must share one frame size, one set of views and either all
         have a reference or none.
-    frame_format: "npz" (lossless) or "mp4" (H.264 in yuv420p via PyAV: lossy, a mean pixel error
-        of about 3/255, and frame sides must be even); references are always stored as npz.
+    frame_format: "npz" (lossless) or "mp4" (H.264 in yuv444p via PyAV, full colour resolution: lossy,
+        a mean pixel error of about 1/255); references are always stored as npz.
     name: the dataset name used as `SampleKey.source`; defaults to the folder name.
     generator: how the data was made (generator name, seed, settings), stored in meta.json.
     """

@@ -184,9 +184,8 @@ def evaluate_pair_dataset(
 def run_eval(config: EvalRMConfig, track: Track | None = None, reward: RewardModel | None = None) -> dict:
     """Evaluate `reward` (default: built from config.reward); writes metrics.json and returns the metrics.
 
-    `track` shows progress (the CLI passes tqdm); a non-callable (the old CLI's Console) is ignored.
+    `track` shows progress (the CLI passes tqdm).
     """
-    track = track if callable(track) else None
     reward = reward or build_reward(config.reward)
     evaluate_pairs = (not reward.spec.dense) if config.evaluate_pairs is None else config.evaluate_pairs
     rng = np.random.default_rng(config.seed)

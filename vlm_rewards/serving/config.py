@@ -85,12 +85,12 @@ def serve_job_args(args: list[str] | None) -> list[str]:
     return [f"reward={first}", *args[1:]]
 
 
-def run_serve_job(config: ServeConfig, console=None) -> None:
+def run_serve_job(config: ServeConfig) -> None:
     """The `vlmr serve` job: ray and the server load only once the config is valid."""
     check_reward_config(config.reward)
     from vlm_rewards.serving.server import run_serve
 
-    run_serve(config, console)
+    run_serve(config)
 
 
 def check_reward_config(reference: str) -> None:

@@ -409,17 +409,13 @@ def start_server(config: ServeConfig) -> str:
     return f"http://{host}:{config.port}{config.route_prefix.rstrip('/')}"
 
 
-def run_serve(config: ServeConfig, console=None) -> None:
+def run_serve(config: ServeConfig) -> None:
     """`vlmr serve`: deploy and block until Ctrl-C or SIGTERM, then delete the application."""
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` and container stops shut down like Ctrl-C
     try:
         url = start_server(config)
         signal.signal(signal.SIGTERM, _interrupt)  # again: ray.init installs its own handler
-        message = f"serving {config.reward} at {url} (spec: {url}/v1/spec, metrics: {url}/metrics); Ctrl-C stops"
-        if console is not None:
-            console.print(message)
-        else:
-            print(message, flush=True)
+        logger.info("serving %s at %s (/v1/spec, /metrics); Ctrl-C stops", config.reward, url)
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:

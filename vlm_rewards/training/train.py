@@ -60,10 +60,8 @@ logger = logging.getLogger(__name__)
 def run_training(config: TrainRMConfig, track: Track | None = None) -> dict[str, Any]:
     """Train, checkpoint, evaluate and export `config.output_dir/model`; returns the final metrics.
 
-    track: a progress display for the step loop and data building (the CLI passes tqdm); a
-    non-callable (the old CLI passed a rich Console) is ignored.
+    track: a progress display for the step loop and data building (the CLI passes tqdm).
     """
-    track = track if callable(track) else None
     checkpoint = _resumable_checkpoint(config) if config.resume else None
     accelerator = Accelerator(
         mixed_precision=_mixed_precision(config.optim.mixed_precision),

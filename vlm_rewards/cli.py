@@ -112,6 +112,15 @@ def demo(args: JobArgs = None) -> None:
     run_config_job(DemoConfig, lambda config: console.print(policy_table(run_demo(config))), args)
 
 
+def metrics_table(metrics: dict) -> Table:
+    """The float metrics of an evaluation."""
+    table = Table("metric", "value", title=f"{metrics['reward']} ({metrics['version']})")
+    for key, value in metrics.items():
+        if isinstance(value, float):
+            table.add_row(key, f"{value:.3f}")
+    return table
+
+
 def policy_table(results: dict[str, list]) -> Table:
     """Mean reward (and mean of each component) per policy of the demo."""
     import numpy as np
@@ -137,7 +146,7 @@ def train_rm(args: JobArgs = None) -> None:
 @app.command("eval-rm")
 def eval_rm(args: JobArgs = None) -> None:
     """Evaluate any reward: VOC (expert, reversed, random), success AUC, instruction use, pair accuracy."""
-    from vlm_rewards.evaluation.evaluate import EvalRMConfig, metrics_table, run_eval
+    from vlm_rewards.evaluation.evaluate import EvalRMConfig, run_eval
 
     run_config_job(EvalRMConfig, lambda config: console.print(metrics_table(run_eval(config, tqdm_track))), args)
 
@@ -274,6 +283,15 @@ def rl(args: JobArgs = None) -> None:
     from robotics.rl import run_rl
 
     run_config_job(RLConfig, lambda config: console.print(run_rl(config)), args)
+
+
+@app.command()
+def grpo(args: JobArgs = None) -> None:
+    """GRPO fine-tuning of a flow-matching (SD3) or DDIM (UNet) generator with rewards; LoRA, resumable."""
+    from generation.config import GRPOConfig
+    from generation.train import run_grpo
+
+    run_config_job(GRPOConfig, lambda config: run_grpo(config, tqdm_track), args)
 
 
 if __name__ == "__main__":

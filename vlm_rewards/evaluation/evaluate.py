@@ -215,17 +215,6 @@ def run_eval(config: EvalRMConfig, track: Track | None = None, reward: RewardMod
     return metrics
 
 
-def metrics_table(metrics: dict[str, Any]):
-    """The float metrics as a rich Table, for the CLI to print (rich is imported only here)."""
-    from rich.table import Table
-
-    table = Table("metric", "value", title=f"{metrics['reward']} ({metrics['version']})")
-    for key, value in metrics.items():
-        if isinstance(value, float):
-            table.add_row(key, f"{value:.3f}")
-    return table
-
-
 def _with_progress(results: list[RewardResult], requests: Sequence[RewardRequest]) -> list[RewardResult]:
     """An errored result without progress gets all-NaN progress (every frame unscored)."""
     return [

@@ -1,1 +1,9 @@
-"""Image-generation consumers of the reward interface: GRPO for diffusion and flow-matching models."""
+"""Image-generation consumers of the reward interface: GRPO for diffusion and flow-matching models.
+
+- `sde`: stochastic sampler steps with Gaussian log-probs (Flow-SDE, CPS, DDIM η > 0).
+- `models`: the generators (SD3 transformer + flow-matching scheduler, UNet + DDIM), tiny or pretrained.
+- `sampling`: rollouts recording the SDE window's latents and log-probs.
+- `grpo`: group advantages (one or several rewards), PPO-clip loss, diagnostics.
+- `rewards`: scoring through `vlm_rewards.interface`, overlapped with sampling; gold rewards.
+- `train` / `config`: the `vlmr grpo` loop (LoRA, accelerate, checkpoints) and its config.
+"""

@@ -1,0 +1,133 @@
+"""GRPO's math: group-relative advantages (one or several rewards), the PPO-clip loss and its diagnostics.
+
+Advantages are per-prompt z-scores from `vlm_rewards.normalization` (statistics over the whole group,
+gathered across processes); groups whose rewards are all equal carry no signal and are dropped from
+the update (and counted). Several rewards combine in one of two ways:
+- "reward": each reward z-scored over the whole batch (so weights compare like with like), weighted
+  sum, then group advantages of the sum;
+- "advantage": group advantages of each reward, then their weighted sum (a group is dropped only if
+  every reward is flat in it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+
+from vlm_rewards.normalization import Gather, group_statistics, group_zscore
+
+Aggregation = Literal["reward", "advantage"]
+
+
+@dataclass
+class Advantages:
+    values: np.ndarray  # (N,) finite; 0 where not kept
+    keep: np.ndarray  # (N,) bool: samples that enter the update
+    zero_std_ratio: float  # share of samples whose group has zero reward std
+
+    @property
+    def num_dropped(self) -> int:
+        return int((~self.keep).sum())
+
+
+def group_advantages(
+    rewards: np.ndarray, groups: Sequence[Hashable], epsilon: float = 1e-4, gather: Gather | None = None
+) -> Advantages:
+    """(r − group mean) / (group std + ε) per prompt; zero-std groups and non-finite rewards dropped."""
+    rewards = np.asarray(rewards, dtype=np.float64)
+    zero_std = group_statistics(rewards, groups, gather).zero_std
+    values = group_zscore(rewards, groups, epsilon, gather)
+    keep = ~zero_std & np.isfinite(values)
+    return Advantages(np.where(keep, values, 0.0), keep, float(zero_std.mean()))
+
+
+def combined_advantages(
+    rewards: Mapping[str, np.ndarray],
+    weights: Mapping[str, float],
+    groups: Sequence[Hashable],
+    aggregation: Aggregation = "reward",
+    epsilon: float = 1e-4,
+    gather: Gather | None = None,
+) -> Advantages:
+    """Advantages from several rewards (see the module docstring); one reward is plain `group_advantages`."""
+    if len(rewards) == 1:
+        (values,) = rewards.values()
+        return group_advantages(values, groups, epsilon, gather)
+    if aggregation == "reward":
+        whole_batch = ["batch"] * len(groups)
+        total = sum(weights[name] * group_zscore(values, whole_batch, 0.0, gather) for name, values in rewards.items())
+        return group_advantages(total, groups, epsilon, gather)
+    if aggregation == "advantage":
+        parts = {name: group_advantages(values, groups, epsilon, gather) for name, values in rewards.items()}
+        total = sum(weights[name] * part.values for name, part in parts.items())
+        keep = np.logical_or.reduce([part.keep for part in parts.values()])
+        return Advantages(np.where(keep, total, 0.0), keep, float((~keep).mean()))
+    raise ValueError(f"aggregation {aggregation!r}; expected 'reward' or 'advantage'")
+
+
+def ppo_clip_loss(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_range: float,
+    advantage_clip: float = 5.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean PPO-clip policy loss over the batch, and the importance ratios."""
+    advantages = advantages.clamp(-advantage_clip, advantage_clip)
+    ratio = torch.exp(log_prob - old_log_prob)
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - clip_range, 1.0 + clip_range)
+    return torch.maximum(unclipped, clipped).mean(), ratio
+
+
+def ratio_diagnostics(
+    ratio: torch.Tensor, log_prob: torch.Tensor, old_log_prob: torch.Tensor, clip_range: float
+) -> dict:
+    """Clip fractions above and below the trust region, and approx-KL (CleanRL's k3 estimator)."""
+    log_ratio = (log_prob - old_log_prob).detach()
+    ratio = ratio.detach()
+    return {
+        "clip_frac_high": (ratio > 1.0 + clip_range).float().mean().item(),
+        "clip_frac_low": (ratio < 1.0 - clip_range).float().mean().item(),
+        "approx_kl": ((ratio - 1) - log_ratio).mean().item(),
+        "ratio_mean": ratio.mean().item(),
+        "ratio_max_deviation": (ratio - 1).abs().max().item(),
+    }
+
+
+def reward_diagnostics(rewards: Mapping[str, np.ndarray], gold: Mapping[str, np.ndarray]) -> dict[str, float]:
+    """Per-reward mean/std; with a gold reward, each trained reward's rank correlation with it.
+
+    A trained (proxy) reward that keeps rising while its correlation with gold falls is being hacked.
+    """
+    logs = {}
+    for prefix, table in (("reward", rewards), ("gold", gold)):
+        for name, values in table.items():
+            logs[f"{prefix}/{name}/mean"] = float(np.nanmean(values))
+            logs[f"{prefix}/{name}/std"] = float(np.nanstd(values))
+    for name, values in rewards.items():
+        for gold_name, gold_values in gold.items():
+            logs[f"proxy_gold_spearman/{name}/{gold_name}"] = spearman(values, gold_values)
+    return logs
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Rank correlation (average ranks for ties); NaN when either side is constant."""
+    ranks = [_average_ranks(np.asarray(values, dtype=np.float64)) for values in (a, b)]
+    if min(r.std() for r in ranks) == 0:
+        return float("nan")
+    return float(np.corrcoef(*ranks)[0, 1])
+
+
+def _average_ranks(values: np.ndarray) -> np.ndarray:
+    order = np.argsort(values, kind="stable")
+    ranks = np.empty(len(values))
+    ranks[order] = np.arange(len(values))
+    for value in np.unique(values):
+        tied = values == value
+        ranks[tied] = ranks[tied].mean()
+    return ranks

@@ -1,0 +1,253 @@
+"""The image generators GRPO trains: a diffusers denoiser, its scheduler, a prompt encoder and a decoder.
+
+Two families share the trainer:
+- "flow": `SD3Transformer2DModel` + `FlowMatchEulerDiscreteScheduler` (Flow-GRPO);
+- "ddim": `UNet2DConditionModel` + `DDIMScheduler` (DDPO).
+
+`build_tiny_generator` makes a randomly initialised model from a small config for CPU tests and
+from-scratch experiments. It works in pixel space (no VAE: latents are the image in [-1, 1]) and
+conditions on `TinyTextEncoder`: a small learned embedding of the prompt's words (hashed into a fixed
+vocabulary) plus positions, mean-pooled for SD3's pooled projection. `load_pretrained_generator`
+loads a real pipeline with `from_pretrained` and uses its own text encoders and VAE.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+from diffusers import DDIMScheduler, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, UNet2DConditionModel
+from torch import nn
+
+Family = Literal["flow", "ddim"]
+SUPPORTED_MODELS = {"flow": SD3Transformer2DModel, "ddim": UNet2DConditionModel}
+SUPPORTED_SCHEDULERS = {"flow": FlowMatchEulerDiscreteScheduler, "ddim": DDIMScheduler}
+LORA_TARGETS = {
+    "flow": ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out"],
+    "ddim": ["to_q", "to_k", "to_v", "to_out.0"],
+}
+
+
+@dataclass
+class PromptEmbeddings:
+    """What the denoiser is conditioned on: token states (B, L, D) and, for SD3, pooled (B, P)."""
+
+    hidden_states: torch.Tensor
+    pooled: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.hidden_states)
+
+    def __getitem__(self, index) -> PromptEmbeddings:
+        return PromptEmbeddings(self.hidden_states[index], None if self.pooled is None else self.pooled[index])
+
+    @staticmethod
+    def cat(parts: list[PromptEmbeddings]) -> PromptEmbeddings:
+        pooled = None if parts[0].pooled is None else torch.cat([p.pooled for p in parts])
+        return PromptEmbeddings(torch.cat([p.hidden_states for p in parts]), pooled)
+
+
+@dataclass
+class ImageGenerator:
+    """A denoiser and everything around it; `denoiser` is what LoRA wraps and the optimizer trains."""
+
+    family: Family
+    denoiser: nn.Module
+    scheduler: FlowMatchEulerDiscreteScheduler | DDIMScheduler
+    encode_prompts: Callable[[list[str]], PromptEmbeddings]
+    decode: Callable[[torch.Tensor], np.ndarray]  # latents -> (B, H, W, 3) uint8
+    latent_shape: tuple[int, int, int]  # (C, h, w)
+
+
+class TinyTextEncoder(nn.Module):
+    """Prompt -> learned word embeddings. Words are hashed with crc32 (stable across processes)."""
+
+    def __init__(self, dim: int = 32, vocab_size: int = 512, max_tokens: int = 8, pooled_dim: int = 32):
+        super().__init__()
+        self.vocab_size, self.max_tokens = vocab_size, max_tokens
+        self.token_embedding = nn.Embedding(vocab_size, dim)
+        self.position_embedding = nn.Embedding(max_tokens, dim)
+        self.pooled_projection = nn.Linear(dim, pooled_dim)
+
+    def token_ids(self, prompts: list[str]) -> torch.Tensor:
+        """(B, max_tokens) ids; 0 pads (and is all an empty prompt has), 1..vocab-1 are hashed words."""
+        ids = torch.zeros(len(prompts), self.max_tokens, dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            words = re.findall(r"\w+", prompt.lower())[: self.max_tokens]
+            for column, word in enumerate(words):
+                ids[row, column] = 1 + zlib.crc32(word.encode()) % (self.vocab_size - 1)
+        return ids
+
+    def forward(self, prompts: list[str]) -> PromptEmbeddings:
+        ids = self.token_ids(prompts).to(self.token_embedding.weight.device)
+        positions = torch.arange(self.max_tokens, device=ids.device)
+        states = self.token_embedding(ids) + self.position_embedding(positions)
+        return PromptEmbeddings(states, self.pooled_projection(states.mean(dim=1)))
+
+
+def build_tiny_generator(
+    family: Family = "flow",
+    resolution: int = 8,
+    channels: int = 3,
+    layers: int = 1,
+    heads: int = 2,
+    head_dim: int = 8,
+    text_dim: int = 16,
+    max_tokens: int = 8,
+    shift: float = 1.0,
+    seed: int = 0,
+) -> ImageGenerator:
+    """A randomly initialised pixel-space generator; the same arguments give the same weights."""
+    torch.manual_seed(seed)
+    text_encoder = TinyTextEncoder(text_dim, max_tokens=max_tokens, pooled_dim=text_dim).requires_grad_(False)
+    if family == "flow":
+        denoiser = SD3Transformer2DModel(
+            sample_size=resolution,
+            patch_size=2,
+            in_channels=channels,
+            out_channels=channels,
+            num_layers=layers,
+            attention_head_dim=head_dim,
+            num_attention_heads=heads,
+            joint_attention_dim=text_dim,
+            caption_projection_dim=heads * head_dim,
+            pooled_projection_dim=text_dim,
+            pos_embed_max_size=resolution,
+        )
+        scheduler = FlowMatchEulerDiscreteScheduler(shift=shift)
+    elif family == "ddim":
+        denoiser = UNet2DConditionModel(
+            sample_size=resolution,
+            in_channels=channels,
+            out_channels=channels,
+            block_out_channels=(16, 32),
+            down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+            up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+            cross_attention_dim=text_dim,
+            layers_per_block=1,
+            attention_head_dim=head_dim,
+            norm_num_groups=8,
+        )
+        # steps_offset=1 as in Stable Diffusion: t = 0 (a step without noise) is never sampled
+        scheduler = DDIMScheduler(clip_sample=False, set_alpha_to_one=False, steps_offset=1)
+    else:
+        raise ValueError(f"family {family!r}; expected 'flow' or 'ddim'")
+
+    def encode(prompts: list[str]) -> PromptEmbeddings:
+        with torch.no_grad():
+            embeddings = text_encoder.to(_device_of(denoiser))(prompts)
+        return embeddings if family == "flow" else PromptEmbeddings(embeddings.hidden_states)
+
+    return ImageGenerator(family, denoiser, scheduler, encode, pixels_to_uint8, (channels, resolution, resolution))
+
+
+def load_pretrained_generator(
+    path: str, family: Family, resolution: int = 512, dtype: torch.dtype = torch.bfloat16
+) -> ImageGenerator:
+    """A real pipeline (SD3/SD3.5 for "flow", Stable Diffusion 1.x/2.x for "ddim") from a hub id or folder."""
+    from diffusers import StableDiffusion3Pipeline, StableDiffusionPipeline
+
+    if family == "flow":
+        pipeline = StableDiffusion3Pipeline.from_pretrained(path, torch_dtype=dtype)
+        scheduler, denoiser = pipeline.scheduler, pipeline.transformer
+    else:
+        pipeline = StableDiffusionPipeline.from_pretrained(path, torch_dtype=dtype)
+        scheduler, denoiser = DDIMScheduler.from_config(pipeline.scheduler.config), pipeline.unet
+    for part in ("vae", "text_encoder", "text_encoder_2", "text_encoder_3"):
+        if getattr(pipeline, part, None) is not None:
+            getattr(pipeline, part).requires_grad_(False)
+    vae = pipeline.vae
+
+    @torch.no_grad()
+    def encode(prompts: list[str]) -> PromptEmbeddings:
+        pipeline.to(_device_of(denoiser))
+        if family == "flow":
+            embeds, _, pooled, _ = pipeline.encode_prompt(prompts, prompts, prompts, do_classifier_free_guidance=False)
+            return PromptEmbeddings(embeds, pooled)
+        embeds, _ = pipeline.encode_prompt(prompts, _device_of(denoiser), 1, do_classifier_free_guidance=False)
+        return PromptEmbeddings(embeds)
+
+    @torch.no_grad()
+    def decode(latents: torch.Tensor) -> np.ndarray:
+        latents = latents.to(vae.dtype) / vae.config.scaling_factor + (vae.config.get("shift_factor") or 0.0)
+        return pixels_to_uint8(vae.decode(latents, return_dict=False)[0])
+
+    scale = pipeline.vae_scale_factor
+    latent_shape = (denoiser.config.in_channels, resolution // scale, resolution // scale)
+    return ImageGenerator(family, denoiser, scheduler, encode, decode, latent_shape)
+
+
+def check_generator(generator: ImageGenerator) -> None:
+    """Refuse unsupported model or scheduler classes before any compute is spent."""
+    expected_model, expected_scheduler = SUPPORTED_MODELS[generator.family], SUPPORTED_SCHEDULERS[generator.family]
+    model = getattr(generator.denoiser, "get_base_model", lambda: generator.denoiser)()
+    if not isinstance(model, expected_model):
+        raise ValueError(
+            f"{type(model).__name__} is not supported for family {generator.family!r}; "
+            f"expected {expected_model.__name__}"
+        )
+    if not isinstance(generator.scheduler, expected_scheduler):
+        raise ValueError(
+            f"scheduler {type(generator.scheduler).__name__} is not supported for family {generator.family!r}; "
+            f"expected {expected_scheduler.__name__}"
+        )
+
+
+def predict(
+    denoiser: nn.Module,
+    family: Family,
+    latents: torch.Tensor,
+    timestep: torch.Tensor,
+    prompts: PromptEmbeddings,
+    negative: PromptEmbeddings | None = None,
+    guidance_scale: float = 1.0,
+) -> torch.Tensor:
+    """The denoiser's output (velocity for flow, ε/v for DDIM), with classifier-free guidance if scale > 1."""
+    timestep = torch.as_tensor(timestep, device=latents.device).reshape(-1).expand(len(latents))
+    if guidance_scale <= 1.0:
+        return _forward(denoiser, family, latents, timestep, prompts)
+    if negative is None:
+        raise ValueError("guidance_scale > 1 needs negative (unconditional) prompt embeddings")
+    both = _forward(
+        denoiser,
+        family,
+        torch.cat([latents, latents]),
+        torch.cat([timestep, timestep]),
+        PromptEmbeddings.cat([negative, prompts]),
+    )
+    unconditional, conditional = both.chunk(2)
+    return unconditional + guidance_scale * (conditional - unconditional)
+
+
+def pixels_to_uint8(pixels: torch.Tensor) -> np.ndarray:
+    """(B, 3, H, W) in [-1, 1] -> (B, H, W, 3) uint8."""
+    pixels = ((pixels.float().clamp(-1, 1) + 1) * 127.5).round()
+    return pixels.permute(0, 2, 3, 1).to(torch.uint8).cpu().numpy()
+
+
+def _forward(
+    denoiser: nn.Module, family: Family, latents: torch.Tensor, timestep: torch.Tensor, prompts: PromptEmbeddings
+) -> torch.Tensor:
+    dtype = next(denoiser.parameters()).dtype
+    if family == "flow":
+        output = denoiser(
+            hidden_states=latents.to(dtype),
+            encoder_hidden_states=prompts.hidden_states.to(dtype),
+            pooled_projections=prompts.pooled.to(dtype),
+            timestep=timestep,
+            return_dict=False,
+        )
+    else:
+        output = denoiser(
+            latents.to(dtype), timestep, encoder_hidden_states=prompts.hidden_states.to(dtype), return_dict=False
+        )
+    return output[0].float()
+
+
+def _device_of(module: nn.Module) -> torch.device:
+    return next(module.parameters()).device

@@ -1,0 +1,165 @@
+"""Rollouts: sample images while recording what training needs at each stochastic step.
+
+Only the steps of the SDE window are stochastic and recorded (and so trained); every other step is
+the deterministic ODE/DDIM step. A window of 1-2 steps is the cheap "ODE with SDE branching" variant
+(Flow-GRPO-Fast, MixGRPO); with `same_noise_in_group` every sample of a prompt starts from the same
+noise, so a group shares its trajectory up to the window and differs only by the window's noise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+import numpy as np
+import torch
+from diffusers import FlowMatchEulerDiscreteScheduler
+
+from generation.models import ImageGenerator, PromptEmbeddings, predict
+from generation.sde import StepDistribution, ddim_step_distribution, flow_step_distribution, sample_and_log_prob
+
+
+@dataclass(frozen=True)
+class SamplerSettings:
+    num_steps: int = 10
+    noise_level: float = 0.7  # Flow-SDE/CPS noise level a; DDIM η
+    method: Literal["sde", "cps"] = "sde"  # flow only
+    window_size: int | None = None  # stochastic (trained) steps per trajectory; None: all that can be
+    window_starts: tuple[int, int] | None = None  # the window starts at a step drawn from [low, high)
+    guidance_scale: float = 1.0  # CFG when > 1
+    same_noise_in_group: bool = False
+
+
+@dataclass
+class Rollout:
+    """B trajectories; K recorded steps each. latents[:, k] -> next_latents[:, k] at timesteps[:, k]."""
+
+    prompts: list[str]
+    embeddings: PromptEmbeddings
+    latents: torch.Tensor  # (B, K, C, h, w)
+    next_latents: torch.Tensor  # (B, K, C, h, w)
+    timesteps: torch.Tensor  # (B, K)
+    log_probs: torch.Tensor  # (B, K)
+    images: np.ndarray  # (B, H, W, 3) uint8
+
+    STEP_FIELDS: ClassVar[tuple[str, ...]] = ("latents", "next_latents", "timesteps", "log_probs")
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def select(self, index: np.ndarray | list[int]) -> Rollout:
+        index = np.asarray(index, dtype=np.int64)
+        rows = torch.as_tensor(index)
+        return Rollout(
+            [self.prompts[i] for i in index],
+            self.embeddings[rows],
+            self.latents[rows],
+            self.next_latents[rows],
+            self.timesteps[rows],
+            self.log_probs[rows],
+            self.images[index],
+        )
+
+    @staticmethod
+    def cat(parts: list[Rollout]) -> Rollout:
+        return Rollout(
+            [prompt for part in parts for prompt in part.prompts],
+            PromptEmbeddings.cat([part.embeddings for part in parts]),
+            *(torch.cat([getattr(part, name) for part in parts]) for name in Rollout.STEP_FIELDS),
+            np.concatenate([part.images for part in parts]),
+        )
+
+
+def stochastic_steps(settings: SamplerSettings, rng: np.random.Generator | None = None) -> range:
+    """The window of SDE steps for one rollout batch."""
+    usable = usable_steps(settings)
+    size = usable if settings.window_size is None else settings.window_size
+    if not 1 <= size <= usable:
+        raise ValueError(
+            f"window_size {size}: expected 1..{usable} with {settings.num_steps} steps ({settings.method})"
+        )
+    low, high = settings.window_starts or (0, usable - size + 1)
+    if not 0 <= low < high <= usable - size + 1:
+        raise ValueError(f"window_starts {(low, high)}: a window of {size} must start in [0, {usable - size + 1})")
+    start = low if rng is None or high - low == 1 else int(rng.integers(low, high))
+    return range(start, start + size)
+
+
+def usable_steps(settings: SamplerSettings) -> int:
+    """CPS's last step has no noise (σ_next = 0), so it cannot be a stochastic step."""
+    return settings.num_steps - 1 if settings.method == "cps" else settings.num_steps
+
+
+def step_distribution(
+    generator: ImageGenerator,
+    model_output: torch.Tensor,
+    timestep: torch.Tensor,
+    latents: torch.Tensor,
+    noise_level: float,
+    method: str = "sde",
+) -> StepDistribution:
+    if isinstance(generator.scheduler, FlowMatchEulerDiscreteScheduler):
+        return flow_step_distribution(generator.scheduler, model_output, timestep, latents, noise_level, method)
+    return ddim_step_distribution(generator.scheduler, model_output, timestep, latents, eta=noise_level)
+
+
+def initial_noise(
+    generator: ImageGenerator, prompts: list[str], same_noise_in_group: bool, rng: torch.Generator, device
+) -> torch.Tensor:
+    shape = (len(prompts), *generator.latent_shape)
+    if not same_noise_in_group:
+        return torch.randn(shape, generator=rng).to(device)
+    by_prompt = {prompt: torch.randn(generator.latent_shape, generator=rng) for prompt in dict.fromkeys(prompts)}
+    return torch.stack([by_prompt[prompt] for prompt in prompts]).to(device)
+
+
+@torch.no_grad()
+def sample_rollout(
+    generator: ImageGenerator,
+    prompts: list[str],
+    settings: SamplerSettings,
+    seed: int,
+    denoiser: torch.nn.Module | None = None,
+    negative: PromptEmbeddings | None = None,
+) -> Rollout:
+    """Sample one batch; `denoiser` defaults to the generator's (pass the accelerate-wrapped one)."""
+    denoiser = denoiser or generator.denoiser
+    device = next(denoiser.parameters()).device
+    rng = torch.Generator().manual_seed(seed)
+    window = stochastic_steps(settings, np.random.default_rng(seed))
+    scheduler = generator.scheduler
+    scheduler.set_timesteps(settings.num_steps, device=device)
+    embeddings = generator.encode_prompts(prompts)
+    latents = initial_noise(generator, prompts, settings.same_noise_in_group, rng, device)
+    recorded: dict[str, list[torch.Tensor]] = {"latents": [], "next_latents": [], "timesteps": [], "log_probs": []}
+    for index, timestep in enumerate(scheduler.timesteps):
+        output = predict(denoiser, generator.family, latents, timestep, embeddings, negative, settings.guidance_scale)
+        noise_level = settings.noise_level if index in window else 0.0
+        step = step_distribution(generator, output, timestep, latents, noise_level, settings.method)
+        next_latents, log_prob = sample_and_log_prob(step, generator=rng)  # ODE steps: std 0, exact mean
+        if index in window:
+            if settings.noise_level > 0 and not torch.all(step.std > 0):
+                raise ValueError(
+                    f"step {index} of {settings.num_steps} has no noise with this scheduler; move the SDE window"
+                )
+            recorded["latents"].append(latents)
+            recorded["next_latents"].append(next_latents)
+            recorded["timesteps"].append(timestep.expand(len(prompts)))
+            recorded["log_probs"].append(log_prob)
+        latents = next_latents
+    stacked = {name: torch.stack(values, dim=1) for name, values in recorded.items()}
+    return Rollout(prompts, embeddings, images=generator.decode(latents), **stacked)
+
+
+@torch.no_grad()
+def sample_deterministic(
+    generator: ImageGenerator,
+    prompts: list[str],
+    num_steps: int,
+    seed: int,
+    guidance_scale: float = 1.0,
+    negative: PromptEmbeddings | None = None,
+) -> np.ndarray:
+    """ODE (flow) or η = 0 DDIM images: the evaluation sampler."""
+    settings = SamplerSettings(num_steps=num_steps, noise_level=0.0, window_size=1, guidance_scale=guidance_scale)
+    return sample_rollout(generator, prompts, settings, seed, negative=negative).images

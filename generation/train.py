@@ -1,0 +1,343 @@
+"""`vlmr grpo`: GRPO fine-tuning of a flow-matching or DDIM generator with LoRA, accelerate and rewards.
+
+One epoch: sample `batches_per_epoch` batches of whole prompt groups (rewards scored while the next
+batch samples), turn rewards into group advantages, then PPO-clip updates on the recorded stochastic
+steps (gradients accumulated over a trajectory's steps, one optimizer step per minibatch). The
+reference policy for the KL term is the same network with its LoRA disabled. Every seed is derived
+from (seed, epoch, batch, process), so a resumed run samples exactly what an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import shutil
+from collections.abc import Callable, Iterable
+from contextlib import nullcontext
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+from accelerate import Accelerator
+from accelerate.utils import gather_object, set_seed
+from peft import LoraConfig, get_peft_model
+
+from generation.config import GRPOConfig, ModelSettings
+from generation.ema import ParameterEMA
+from generation.grpo import Advantages, combined_advantages, ppo_clip_loss, ratio_diagnostics, reward_diagnostics
+from generation.models import (
+    LORA_TARGETS,
+    ImageGenerator,
+    PromptEmbeddings,
+    build_tiny_generator,
+    check_generator,
+    load_pretrained_generator,
+    predict,
+)
+from generation.rewards import RewardSet, Scores, collect_rollouts
+from generation.sampling import Rollout, sample_deterministic, sample_rollout, step_distribution
+from generation.sde import gaussian_log_prob, gaussian_mean_kl
+
+logger = logging.getLogger(__name__)
+
+
+def run_grpo(config: GRPOConfig, track: Callable[..., Iterable] | None = None) -> dict[str, list]:
+    """Train; returns the history (metric -> [(epoch, value)]). `track` wraps the epoch loop (a progress bar)."""
+    rewards = build_rewards(config)  # bad reward configs fail before any model is built
+    accelerator = Accelerator(
+        mixed_precision=config.mixed_precision,
+        gradient_accumulation_steps=config.sampling.steps_per_trajectory,
+    )
+    set_seed(config.seed)
+    generator = build_generator(config.model)
+    check_generator(generator)
+    generator.denoiser = add_lora(generator.denoiser, config.model)
+    trainable = [p for p in generator.denoiser.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=config.train.lr, weight_decay=config.train.weight_decay)
+    denoiser, optimizer = accelerator.prepare(generator.denoiser, optimizer)
+    ema = ParameterEMA(trainable, config.train.ema_decay) if config.train.ema_decay else None
+    if ema is not None:
+        accelerator.register_for_checkpointing(ema)
+    start_epoch, history = resume(accelerator, config) if config.resume else (0, {})
+    epochs = range(start_epoch, config.train.epochs)
+    for epoch in track(epochs, "grpo epochs") if track else epochs:
+        logs = grpo_epoch(accelerator, generator, denoiser, optimizer, rewards, config, epoch, ema)
+        if config.eval_every and (epoch + 1) % config.eval_every == 0:
+            with ema.applied() if ema is not None else nullcontext():
+                logs |= evaluate(accelerator, generator, rewards, config, epoch + 1)
+        record(accelerator, config, history, logs, epoch + 1)
+        if config.checkpoint_every and (epoch + 1) % config.checkpoint_every == 0:
+            save_checkpoint(accelerator, config, epoch + 1, history)
+    accelerator.end_training()
+    return history
+
+
+def grpo_epoch(
+    accelerator: Accelerator,
+    generator: ImageGenerator,
+    denoiser: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    rewards: RewardSet,
+    config: GRPOConfig,
+    epoch: int,
+    ema: ParameterEMA | None = None,
+) -> dict[str, float]:
+    """Sample, score, compute advantages and update; returns the epoch's diagnostics."""
+    denoiser.eval()  # no dropout: the training forward must equal the sampling forward (ratio 1)
+
+    def sample_batch(batch: int) -> Rollout:
+        seed = derived_seed(config.seed, epoch, batch, accelerator.process_index)
+        prompts = batch_prompts(config, seed)
+        negative = negative_embeddings(generator, len(prompts), config)
+        return sample_rollout(generator, prompts, config.sampling.sampler(), seed, denoiser, negative)
+
+    rollout, scores, timings = asyncio.run(collect_rollouts(sample_batch, config.train.batches_per_epoch, rewards))
+    gather = gather_object if accelerator.num_processes > 1 else None
+    advantages = combined_advantages(
+        scores.trained,
+        rewards.weights,
+        rollout.prompts,
+        config.rewards.aggregation,
+        config.train.advantage_epsilon,
+        gather,
+    )
+    everywhere = gathered_scores(scores) if gather else scores
+    logs = reward_diagnostics(everywhere.trained, everywhere.gold) | timings
+    logs |= {"zero_std_ratio": advantages.zero_std_ratio, "dropped_samples": advantages.num_dropped}
+    if accelerator.num_processes > 1:
+        # DDP needs the same number of backward passes on every process: zero-std samples stay in with
+        # advantage 0 (only the KL term acts on them) instead of being dropped
+        advantages = replace(advantages, keep=np.ones_like(advantages.keep))
+    if advantages.keep.any():
+        logs |= update_policy(accelerator, generator, denoiser, optimizer, rollout, advantages, config, epoch, ema)
+    else:
+        logger.warning("epoch %d: every group has zero reward std; no update", epoch)
+    return logs
+
+
+def update_policy(
+    accelerator: Accelerator,
+    generator: ImageGenerator,
+    denoiser: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    rollout: Rollout,
+    advantages: Advantages,
+    config: GRPOConfig,
+    epoch: int,
+    ema: ParameterEMA | None = None,
+) -> dict[str, float]:
+    """PPO-clip updates over the kept samples: per minibatch, one backward per recorded step."""
+    kept = np.flatnonzero(advantages.keep)
+    generator.scheduler.set_timesteps(config.sampling.num_steps, device=accelerator.device)
+    rng = np.random.default_rng(derived_seed(config.seed, epoch, "shuffle", accelerator.process_index))
+    step_logs: list[dict[str, float]] = []
+    for _ in range(config.train.inner_epochs):
+        order = rng.permutation(kept)
+        for start in range(0, len(order), config.train.train_batch_size):
+            index = order[start : start + config.train.train_batch_size]
+            minibatch = rollout.select(index)
+            minibatch_advantages = torch.tensor(
+                advantages.values[index], dtype=torch.float32, device=accelerator.device
+            )
+            for k in range(minibatch.latents.shape[1]):
+                with accelerator.accumulate(denoiser):
+                    loss, logs = step_loss(accelerator, generator, denoiser, minibatch, k, minibatch_advantages, config)
+                    accelerator.backward(loss)
+                    if accelerator.sync_gradients:
+                        accelerator.clip_grad_norm_(denoiser.parameters(), config.train.grad_clip)
+                    optimizer.step()
+                    optimizer.zero_grad()
+                    if ema is not None and accelerator.sync_gradients:
+                        ema.update()
+                step_logs.append(logs)
+    return {f"train/{name}": float(np.mean([logs[name] for logs in step_logs])) for name in step_logs[0]}
+
+
+def step_loss(
+    accelerator: Accelerator,
+    generator: ImageGenerator,
+    denoiser: torch.nn.Module,
+    minibatch: Rollout,
+    k: int,
+    advantages: torch.Tensor,
+    config: GRPOConfig,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The PPO-clip loss (+ β·KL to the LoRA-disabled reference) at recorded step k of a minibatch."""
+    train, sampling = config.train, config.sampling
+    device = accelerator.device
+    latents, next_latents = minibatch.latents[:, k].to(device), minibatch.next_latents[:, k].to(device)
+    timesteps, old_log_prob = minibatch.timesteps[:, k].to(device), minibatch.log_probs[:, k].to(device)
+    embeddings = minibatch.embeddings
+    negative = negative_embeddings(generator, len(minibatch), config)
+
+    def distribution(model: torch.nn.Module):
+        output = predict(model, generator.family, latents, timesteps, embeddings, negative, sampling.guidance_scale)
+        return step_distribution(generator, output, timesteps, latents, sampling.noise_level, sampling.method)
+
+    step = distribution(denoiser)
+    log_prob = gaussian_log_prob(next_latents, step.mean, step.std)
+    loss, ratio = ppo_clip_loss(log_prob, old_log_prob, advantages, train.clip_range, train.advantage_clip)
+    logs = {"policy_loss": loss.item()} | ratio_diagnostics(ratio, log_prob, old_log_prob, train.clip_range)
+    if train.kl_beta > 0 or train.log_reference_kl:
+        policy = accelerator.unwrap_model(denoiser)
+        with torch.no_grad(), policy.disable_adapter():
+            reference = distribution(policy)
+        kl = gaussian_mean_kl(step.mean, reference.mean, step.std).mean()
+        logs["kl_reference"] = kl.item()
+        if train.kl_beta > 0:
+            loss = loss + train.kl_beta * kl
+    return loss, logs
+
+
+def evaluate(
+    accelerator: Accelerator, generator: ImageGenerator, rewards: RewardSet, config: GRPOConfig, epoch: int
+) -> dict[str, float]:
+    """Deterministic samples of the eval prompts (fixed seed): mean rewards and a PNG grid."""
+    if not accelerator.is_main_process or not config.train.eval_prompts:
+        return {}
+    prompts = config.train.eval_prompts
+    negative = negative_embeddings(generator, len(prompts), config)
+    images = sample_deterministic(
+        generator, prompts, config.sampling.eval_num_steps, config.seed, config.sampling.guidance_scale, negative
+    )
+    scores = asyncio.run(rewards.ascore(images, prompts))
+    save_image_grid(images, config.output_dir / "eval" / f"epoch_{epoch:04d}.png")
+    means = {f"eval/reward/{name}": float(v.mean()) for name, v in scores.trained.items()}
+    return means | {f"eval/gold/{name}": float(v.mean()) for name, v in scores.gold.items()}
+
+
+# ----------------------------------------------------------------------------- building
+
+
+def build_rewards(config: GRPOConfig) -> RewardSet:
+    return RewardSet.build(
+        trained={entry.name: (entry.config, entry.weight) for entry in config.rewards.trained},
+        gold={entry.name: entry.config for entry in config.rewards.gold},
+    )
+
+
+def build_generator(settings: ModelSettings) -> ImageGenerator:
+    if settings.pretrained is not None:
+        return load_pretrained_generator(settings.pretrained, settings.family, settings.resolution)
+    tiny = settings.tiny
+    return build_tiny_generator(
+        settings.family,
+        tiny.resolution,
+        layers=tiny.layers,
+        heads=tiny.heads,
+        head_dim=tiny.head_dim,
+        text_dim=tiny.text_dim,
+        max_tokens=tiny.max_tokens,
+        shift=tiny.shift,
+        seed=tiny.seed,
+    )
+
+
+def add_lora(denoiser: torch.nn.Module, settings: ModelSettings) -> torch.nn.Module:
+    """Freeze the base and wrap it in a peft LoRA; `disable_adapter()` then gives the reference policy."""
+    denoiser.requires_grad_(False)
+    lora = settings.lora
+    targets = lora.target_modules or LORA_TARGETS[settings.family]
+    config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets)
+    model = get_peft_model(denoiser, config)
+    for parameter in model.parameters():
+        if parameter.requires_grad:  # LoRA of a bf16 base: keep fp32 weights, bf16 Adam updates underflow
+            parameter.data = parameter.data.float()
+    return model
+
+
+def batch_prompts(config: GRPOConfig, seed: int) -> list[str]:
+    """sample_batch_size / group_size prompts drawn without replacement, each repeated group_size times."""
+    train = config.train
+    groups = train.sample_batch_size // train.group_size
+    rng = np.random.default_rng(seed)
+    chosen = rng.choice(len(train.prompts), size=groups, replace=groups > len(train.prompts))
+    return [train.prompts[i] for i in chosen for _ in range(train.group_size)]
+
+
+def gathered_scores(scores: Scores) -> Scores:
+    """Every process's scores, for diagnostics over the whole batch."""
+
+    def gather(table: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {name: np.asarray(gather_object(values.tolist())) for name, values in table.items()}
+
+    return Scores(gather(scores.trained), gather(scores.gold))
+
+
+def negative_embeddings(generator: ImageGenerator, count: int, config: GRPOConfig) -> PromptEmbeddings | None:
+    return generator.encode_prompts([""] * count) if config.sampling.guidance_scale > 1 else None
+
+
+def derived_seed(*parts: int | str) -> int:
+    return int(np.random.SeedSequence([_as_int(part) for part in parts]).generate_state(1)[0])
+
+
+def _as_int(part: int | str) -> int:
+    return part if isinstance(part, int) else int.from_bytes(part.encode(), "little")
+
+
+def save_image_grid(images: np.ndarray, path: Path, columns: int = 8, scale: int = 8) -> None:
+    """(N, H, W, 3) uint8 -> one PNG, tiles upscaled by `scale` (nearest) so tiny images stay visible."""
+    from PIL import Image
+
+    count, height, width, _ = images.shape
+    rows = -(-count // columns)
+    columns = min(columns, count)
+    grid = np.zeros((rows * height, columns * width, 3), dtype=np.uint8)
+    for i, image in enumerate(images):
+        row, column = divmod(i, columns)
+        grid[row * height : (row + 1) * height, column * width : (column + 1) * width] = image
+    grid = grid.repeat(scale, axis=0).repeat(scale, axis=1)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(grid).save(path)
+
+
+# ----------------------------------------------------------------------------- checkpoints and logs
+
+
+def record(accelerator: Accelerator, config: GRPOConfig, history: dict, logs: dict[str, float], epoch: int) -> None:
+    for name, value in logs.items():
+        history.setdefault(name, []).append((epoch, float(value)))
+    if accelerator.is_main_process:
+        config.output_dir.mkdir(parents=True, exist_ok=True)
+        with open(config.output_dir / "metrics.jsonl", "a") as handle:
+            handle.write(json.dumps({"epoch": epoch, **{k: _json_float(v) for k, v in logs.items()}}) + "\n")
+    logger.info("epoch %d: %s", epoch, ", ".join(f"{k}={v:.4g}" for k, v in logs.items()))
+
+
+def checkpoints(output_dir: Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints, oldest first."""
+    folder = output_dir / "checkpoints"
+    found = [(int(path.name.split("_")[1]), path) for path in folder.glob("epoch_*") if (path / "complete").exists()]
+    return sorted(found)
+
+
+def save_checkpoint(accelerator: Accelerator, config: GRPOConfig, epoch: int, history: dict) -> None:
+    """accelerate state (LoRA, optimizer, RNG) + history; the `complete` marker is written last."""
+    path = config.output_dir / "checkpoints" / f"epoch_{epoch:06d}"
+    accelerator.save_state(str(path))
+    if accelerator.is_main_process:
+        (path / "history.json").write_text(json.dumps(history))
+        (path / "complete").write_text(str(epoch))
+        for _, old in checkpoints(config.output_dir)[: -config.keep_checkpoints]:
+            shutil.rmtree(old)
+    accelerator.wait_for_everyone()
+
+
+def resume(accelerator: Accelerator, config: GRPOConfig) -> tuple[int, dict]:
+    """(first epoch to run, history) from the latest complete checkpoint, or (0, {})."""
+    found = checkpoints(config.output_dir)
+    if not found:
+        return 0, {}
+    epoch, path = found[-1]
+    accelerator.load_state(str(path))
+    saved = json.loads((path / "history.json").read_text())
+    history = {name: [tuple(item) for item in values] for name, values in saved.items()}
+    logger.info("resumed from %s (epoch %d)", path, epoch)
+    return epoch, history
+
+
+def _json_float(value: float) -> float | None:
+    return value if np.isfinite(value) else None

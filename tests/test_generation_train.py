@@ -1,0 +1,186 @@
+"""The trainer end to end on tiny random models: ratio 1, windows, overlap, checkpoints, bad input."""
+
+import asyncio
+import math
+import time
+
+import numpy as np
+import pytest
+import torch
+from accelerate import Accelerator
+from safetensors.torch import load_file
+
+from generation.config import GRPOConfig
+from generation.grpo import Advantages
+from generation.models import build_tiny_generator, check_generator
+from generation.rewards import RewardSet, collect_rollouts
+from generation.sampling import SamplerSettings, sample_rollout
+from generation.train import add_lora, build_generator, negative_embeddings, run_grpo, step_loss, update_policy
+from vlm_rewards.interface import BaseReward, RewardResult, RewardSpec
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    """Tiny models run far faster on one thread than on oversubscribed OpenMP threads."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+REDNESS = {"kind": "function", "function": "generation.rule_rewards:redness", "value_range": [-1, 1]}
+
+
+def tiny_config(tmp_path, **sections) -> GRPOConfig:
+    data = {
+        "output_dir": str(tmp_path),
+        "rewards": {"trained": [{"name": "redness", "config": REDNESS}]},
+        "sampling": {"num_steps": 4},
+        "train": {"epochs": 1, "batches_per_epoch": 2, "sample_batch_size": 8, "group_size": 4, "train_batch_size": 8},
+        "eval_every": 1,
+        "checkpoint_every": 1,
+    }
+    for name, values in sections.items():
+        data[name] = {**data.get(name, {}), **values} if isinstance(values, dict) else values
+    return GRPOConfig.model_validate(data)
+
+
+@pytest.mark.parametrize(
+    ("family", "sampling"),
+    [
+        ("flow", {"num_steps": 4}),
+        ("flow", {"num_steps": 4, "method": "cps", "guidance_scale": 3.0}),
+        ("ddim", {"num_steps": 4, "noise_level": 1.0}),
+    ],
+)
+def test_importance_ratio_is_one_on_the_first_update(tmp_path, family, sampling):
+    config = tiny_config(tmp_path, model={"family": family}, sampling=sampling)
+    generator = build_generator(config.model)
+    generator.denoiser = add_lora(generator.denoiser, config.model).eval()
+    prompts = ["a red circle"] * 4 + ["a blue square"] * 4
+    negative = negative_embeddings(generator, len(prompts), config)
+    accelerator = Accelerator(cpu=True)
+    advantages = torch.linspace(-1, 1, len(prompts))
+    rollout = sample_rollout(generator, prompts, config.sampling.sampler(), seed=0, negative=negative)
+    _, logs = step_loss(accelerator, generator, generator.denoiser, rollout, 0, advantages, config)
+    assert logs["kl_reference"] == 0  # peft's LoRA starts as the identity: policy == reference
+
+    with torch.no_grad():  # a policy away from the reference, as after some training
+        for name, parameter in generator.denoiser.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.1, generator=torch.Generator().manual_seed(0))
+    rollout = sample_rollout(generator, prompts, config.sampling.sampler(), seed=0, negative=negative)
+    for k in range(rollout.latents.shape[1]):
+        _, logs = step_loss(accelerator, generator, generator.denoiser, rollout, k, advantages, config)
+        assert logs["ratio_max_deviation"] < 1e-6 and logs["clip_frac_high"] == logs["clip_frac_low"] == 0
+        assert logs["kl_reference"] > 0
+        # another batch composition changes the kernels' summation order: round-off only
+        subset = rollout.select([5, 2, 7])
+        _, logs = step_loss(accelerator, generator, generator.denoiser, subset, k, advantages[:3], config)
+        assert logs["ratio_max_deviation"] < 1e-5
+
+
+def test_sde_window_records_only_its_steps_and_same_noise_groups_share_the_prefix():
+    generator = build_tiny_generator("flow")
+    settings = SamplerSettings(num_steps=6, window_size=2, window_starts=(3, 4), same_noise_in_group=True)
+    prompts = ["a red circle"] * 3 + ["a blue square"] * 3
+    rollout = sample_rollout(generator, prompts, settings, seed=0)
+    generator.scheduler.set_timesteps(6)
+    assert rollout.latents.shape[:2] == (6, 2)
+    torch.testing.assert_close(rollout.timesteps[0], generator.scheduler.timesteps[3:5])
+    first = rollout.latents[:, 0]  # the state entering the window: ODE so far, from shared noise
+    assert torch.equal(first[0], first[1]) and torch.equal(first[0], first[2]) and not torch.equal(first[0], first[3])
+    assert not torch.equal(rollout.next_latents[0, 0], rollout.next_latents[1, 0])  # branched by the SDE step
+
+
+def test_a_training_step_with_a_rule_reward_changes_the_lora_weights_and_resumes(tmp_path):
+    train = {"kl_beta": 0.04, "clip_range": 0.2, "lr": 1e-2, "ema_decay": 0.5}
+    history = run_grpo(tiny_config(tmp_path, train=train))
+    assert history["zero_std_ratio"] == [(1, 0.0)] and not math.isnan(history["train/policy_loss"][0][1])
+    assert history["train/ratio_mean"][0][1] == pytest.approx(1.0, abs=0.05)
+    assert "eval/reward/redness" in history and (tmp_path / "eval" / "epoch_0001.png").is_file()
+    weights = load_file(tmp_path / "checkpoints" / "epoch_000001" / "model.safetensors")
+    lora_b = [value for name, value in weights.items() if "lora_B" in name]
+    assert lora_b and any(value.abs().sum() > 0 for value in lora_b)  # peft initialises lora_B to zero
+
+    resumed = run_grpo(tiny_config(tmp_path, train=train | {"epochs": 2}))
+    assert [epoch for epoch, _ in resumed["zero_std_ratio"]] == [1, 2]  # epoch 1 restored, not rerun
+
+
+def test_ddim_unet_path_trains(tmp_path):
+    config = tiny_config(tmp_path, model={"family": "ddim"}, sampling={"num_steps": 3, "noise_level": 1.0})
+    generator = build_generator(config.model)
+    generator.denoiser = add_lora(generator.denoiser, config.model).eval()
+    prompts = ["a red circle"] * 4 + ["a blue square"] * 4
+    rollout = sample_rollout(generator, prompts, config.sampling.sampler(), seed=0)
+    before = {n: p.clone() for n, p in generator.denoiser.named_parameters() if p.requires_grad}
+    optimizer = torch.optim.AdamW([p for p in generator.denoiser.parameters() if p.requires_grad], lr=1e-2)
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=config.sampling.steps_per_trajectory)
+    advantages = Advantages(np.linspace(-1, 1, 8), np.ones(8, dtype=bool), 0.0)
+    logs = update_policy(accelerator, generator, generator.denoiser, optimizer, rollout, advantages, config, epoch=0)
+    assert np.isfinite(logs["train/policy_loss"])
+    changed = [n for n, p in generator.denoiser.named_parameters() if p.requires_grad and not torch.equal(p, before[n])]
+    assert changed and all("lora_B" in n or "lora_A" in n for n in changed)
+
+
+class SlowReward(BaseReward):
+    spec = RewardSpec("slow", "1")
+
+    def __init__(self, delay: float = 0.0, value: float = 0.0, count_offset: int = 0):
+        self.delay, self.value, self.count_offset = delay, value, count_offset
+
+    def _score(self, requests):
+        time.sleep(self.delay)
+        return [RewardResult(self.value, error=None if math.isfinite(self.value) else "judge failed") for _ in requests]
+
+    async def ascore(self, requests):
+        results = await super().ascore(requests)
+        return results[: len(results) - self.count_offset]
+
+
+def test_reward_scoring_overlaps_the_next_sampling_batch():
+    rewards = RewardSet({"slow": SlowReward(delay=0.3)}, {"slow": 1.0})
+    generator = build_tiny_generator("flow")
+
+    def sample_batch(batch):
+        time.sleep(0.3)  # stands in for generation
+        return sample_rollout(generator, ["a red circle"] * 2, SamplerSettings(num_steps=2), seed=batch)
+
+    start = time.perf_counter()
+    rollout, scores, timings = asyncio.run(collect_rollouts(sample_batch, 3, rewards))
+    elapsed = time.perf_counter() - start
+    assert len(rollout) == 6 and scores.trained["slow"].shape == (6,)
+    assert elapsed < 1.6  # serial would be 3 × (0.3 + 0.3) = 1.8 s; overlapped ≈ 1.2 s
+    assert timings["time/reward_wait_s"] < 0.5
+
+
+def test_bad_rewards_fail_with_errors_naming_the_reward():
+    images = np.zeros((2, 8, 8, 3), dtype=np.uint8)
+    with pytest.raises(ValueError, match=r"reward 'judge' gave nan for image 0 .*judge failed"):
+        asyncio.run(RewardSet({"judge": SlowReward(value=float("nan"))}, {"judge": 1.0}).ascore(images, ["a", "b"]))
+    with pytest.raises(ValueError, match="reward 'short' returned 1 results for 2 images"):
+        asyncio.run(RewardSet({"short": SlowReward(count_offset=1)}, {"short": 1.0}).ascore(images, ["a", "b"]))
+    with pytest.raises(ValueError, match="both trained and gold"):
+        RewardSet.build({"r": (REDNESS, 1.0)}, {"r": REDNESS})
+
+
+@pytest.mark.parametrize(
+    ("sections", "message"),
+    [
+        ({"train": {"group_size": 3}}, "does not divide"),
+        ({"train": {"prompts": ["a red circle", "  "]}}, "empty prompt"),
+        ({"sampling": {"num_steps": 4, "window_size": 5}}, "window_size 5"),
+        ({"sampling": {"num_steps": 4, "method": "cps", "window_size": 4}}, "window_size 4"),
+        ({"rewards": {"trained": []}}, "at least one reward"),
+    ],
+)
+def test_bad_configs_are_refused_before_any_compute(tmp_path, sections, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_config(tmp_path, **sections)
+
+
+def test_unsupported_model_class_is_refused():
+    generator = build_tiny_generator("flow")
+    generator.denoiser = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="Linear is not supported for family 'flow'"):
+        check_generator(generator)

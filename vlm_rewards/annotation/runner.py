@@ -216,8 +216,8 @@ class DecodePool:
                 in_flight.clear()
                 in_flight.extend((other, self.pool.submit(self.function, other)) for other in waiting)
                 result = self.on_crash(item, error)
+            top_up()  # before yielding: the workers decode ahead while the caller scores this result
             yield result
-            top_up()
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)

@@ -10,23 +10,17 @@ sys.path, the way Ray propagates it to its workers.
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
 from tests.annotation_fixtures import make_video_folder, write_reward_yaml
+from tests.serving_fixtures import local_serve
 from vlm_rewards.registry import build_reward
 from vlm_rewards.serving.client import RemoteReward
 
 pytestmark = pytest.mark.xdist_group("serving")  # one Ray instance per process that runs these
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -37,27 +31,19 @@ def reward_yaml(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(reward_yaml):
-    ray = pytest.importorskip("ray")
     serve = pytest.importorskip("ray.serve")
     from vlm_rewards.serving.config import ServeConfig
     from vlm_rewards.serving.server import build_app
 
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    port = _free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    config = ServeConfig(
-        reward=str(reward_yaml),
-        port=port,
-        batching={"max_batch_size": 16, "wait_timeout_s": 0.005},
-        replicas={"count": 1, "num_cpus": 0.5, "health_check_period_s": 0.5},
-    )
-    serve.run(build_app(config), name="loopback", route_prefix="/", blocking=False)
-    yield f"http://127.0.0.1:{port}"
-    serve.shutdown()
-    if started:
-        ray.shutdown()
+    with local_serve() as port:
+        config = ServeConfig(
+            reward=str(reward_yaml),
+            port=port,
+            batching={"max_batch_size": 16, "wait_timeout_s": 0.005},
+            replicas={"count": 1, "num_cpus": 0.5, "health_check_period_s": 0.5},
+        )
+        serve.run(build_app(config), name="loopback", route_prefix="/", blocking=False)
+        yield f"http://127.0.0.1:{port}"
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ import asyncio
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ import httpx
 import numpy as np
 import pytest
 
+from tests.serving_fixtures import free_port, local_serve
 from vlm_rewards.interface import RewardRequest, SampleKey
 from vlm_rewards.registry import build_reward
 from vlm_rewards.serving.client import RemoteReward, RemoteRewardError, RewardVersionError
@@ -35,12 +35,6 @@ from vlm_rewards.testing import check_reward
 pytestmark = pytest.mark.xdist_group("serving")  # one Ray instance per process that runs these
 TOKEN = "test-token-123"
 MAX_PAYLOAD = 512 * 1024
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _requests(count: int, seed: int = 0, frames: int = 4, side: int = 16, key: str = "test") -> list[RewardRequest]:
@@ -110,7 +104,7 @@ def test_serve_config_refuses_public_host_without_token(monkeypatch):
 
 def test_client_retries_5xx_and_connection_errors_not_4xx(monkeypatch):
     with pytest.raises(RemoteRewardError, match="2 attempts"):  # nothing listening: retried, then an error
-        RemoteReward(f"http://127.0.0.1:{_free_port()}", retries=1, backoff=0.001)
+        RemoteReward(f"http://127.0.0.1:{free_port()}", retries=1, backoff=0.001)
     spec = build_reward("motion_penalty").spec
     replies: list[int] = []
 
@@ -149,31 +143,22 @@ def test_client_retries_5xx_and_connection_errors_not_4xx(monkeypatch):
 
 @pytest.fixture(scope="module")
 def server():
-    ray = pytest.importorskip("ray")
     serve = pytest.importorskip("ray.serve")
     from vlm_rewards.serving.server import build_app
 
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    port = _free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    config = ServeConfig(
-        reward="goal_pixel_progress",
-        port=port,
-        max_payload_bytes=MAX_PAYLOAD,
-        batching={"max_batch_size": 16, "wait_timeout_s": 0.01},
-        replicas={"count": 2, "num_cpus": 0.5, "health_check_period_s": 0.5},
-    )
-    serve.run(build_app(config), name="rewards", route_prefix="/", blocking=False)
-    os.environ["VLMR_TEST_TOKEN"] = TOKEN
-    secure = ServeConfig(reward="motion_penalty", token_env="VLMR_TEST_TOKEN", replicas={"num_cpus": 0.25})
-    serve.run(build_app(secure), name="secure", route_prefix="/secure", blocking=False)
-    url = f"http://127.0.0.1:{port}"
-    yield url
-    serve.shutdown()
-    if started:
-        ray.shutdown()
+    with local_serve() as port:
+        config = ServeConfig(
+            reward="goal_pixel_progress",
+            port=port,
+            max_payload_bytes=MAX_PAYLOAD,
+            batching={"max_batch_size": 16, "wait_timeout_s": 0.01},
+            replicas={"count": 2, "num_cpus": 0.5, "health_check_period_s": 0.5},
+        )
+        serve.run(build_app(config), name="rewards", route_prefix="/", blocking=False)
+        os.environ["VLMR_TEST_TOKEN"] = TOKEN
+        secure = ServeConfig(reward="motion_penalty", token_env="VLMR_TEST_TOKEN", replicas={"num_cpus": 0.25})
+        serve.run(build_app(secure), name="secure", route_prefix="/secure", blocking=False)
+        yield f"http://127.0.0.1:{port}"
 
 
 def _post(url: str, body: bytes, path: str = "/v1/score", headers: dict | None = None) -> httpx.Response:

@@ -22,6 +22,7 @@ class TinyModel(JobConfig):
     max_tokens: int = 8
     shift: float = 1.0  # flow scheduler's timestep shift
     seed: int = 0
+    guidance_embeds: bool = False  # flux only: FLUX.1-dev's guidance embedding
 
 
 class Lora(JobConfig):
@@ -32,8 +33,8 @@ class Lora(JobConfig):
 
 
 class ModelSettings(JobConfig):
-    family: Literal["flow", "ddim"] = "flow"
-    pretrained: str | None = None  # a hub id or folder (SD3 for flow, SD 1.x/2.x for ddim); None: tiny
+    family: Literal["flow", "flux", "ddim"] = "flow"
+    pretrained: str | None = None  # a hub id or folder (SD3 for flow, FLUX.1 for flux, SD 1.x/2.x for ddim); None: tiny
     resolution: int = 512  # pretrained only
     tiny: TinyModel = pydantic.Field(default_factory=TinyModel)
     lora: Lora = pydantic.Field(default_factory=Lora)

@@ -1,18 +1,21 @@
 """The image generators GRPO trains: a diffusers denoiser, its scheduler, a prompt encoder and a decoder.
 
-Two families share the trainer:
+Three families share the trainer:
 - "flow": `SD3Transformer2DModel` + `FlowMatchEulerDiscreteScheduler` (Flow-GRPO);
+- "flux": `FluxTransformer2DModel` + `FlowMatchEulerDiscreteScheduler` (Flow-GRPO); the sampler keeps
+  latents as (B, C, h, w) images and `predict` packs them into Flux's sequence of 2x2 patches;
 - "ddim": `UNet2DConditionModel` + `DDIMScheduler` (DDPO).
 
 `build_tiny_generator` makes a randomly initialised model from a small config for CPU tests and
 from-scratch experiments. It works in pixel space (no VAE: latents are the image in [-1, 1]) and
 conditions on `TinyTextEncoder`: a small learned embedding of the prompt's words (hashed into a fixed
-vocabulary) plus positions, mean-pooled for SD3's pooled projection. `load_pretrained_generator`
+vocabulary) plus positions, mean-pooled for SD3's and Flux's pooled projection. `load_pretrained_generator`
 loads a real pipeline with `from_pretrained` and uses its own text encoders and VAE.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import zlib
 from collections.abc import Callable
@@ -21,21 +24,34 @@ from typing import Literal
 
 import numpy as np
 import torch
-from diffusers import DDIMScheduler, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, UNet2DConditionModel
+from diffusers import (
+    DDIMScheduler,
+    FlowMatchEulerDiscreteScheduler,
+    FluxTransformer2DModel,
+    SD3Transformer2DModel,
+    UNet2DConditionModel,
+)
 from torch import nn
 
-Family = Literal["flow", "ddim"]
-SUPPORTED_MODELS = {"flow": SD3Transformer2DModel, "ddim": UNet2DConditionModel}
-SUPPORTED_SCHEDULERS = {"flow": FlowMatchEulerDiscreteScheduler, "ddim": DDIMScheduler}
+Family = Literal["flow", "flux", "ddim"]
+SUPPORTED_MODELS = {"flow": SD3Transformer2DModel, "flux": FluxTransformer2DModel, "ddim": UNet2DConditionModel}
+SUPPORTED_SCHEDULERS = {
+    "flow": FlowMatchEulerDiscreteScheduler,
+    "flux": FlowMatchEulerDiscreteScheduler,
+    "ddim": DDIMScheduler,
+}
+JOINT_ATTENTION_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out"]
 LORA_TARGETS = {
-    "flow": ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out"],
+    "flow": JOINT_ATTENTION_TARGETS,
+    "flux": JOINT_ATTENTION_TARGETS,
     "ddim": ["to_q", "to_k", "to_v", "to_out.0"],
 }
+FLUX_GUIDANCE = 3.5  # the embedded guidance of guidance-distilled Flux (FLUX.1-dev), FluxPipeline's default
 
 
 @dataclass
 class PromptEmbeddings:
-    """What the denoiser is conditioned on: token states (B, L, D) and, for SD3, pooled (B, P)."""
+    """What the denoiser is conditioned on: token states (B, L, D) and, for SD3 and Flux, pooled (B, P)."""
 
     hidden_states: torch.Tensor
     pooled: torch.Tensor | None = None
@@ -101,8 +117,12 @@ def build_tiny_generator(
     max_tokens: int = 8,
     shift: float = 1.0,
     seed: int = 0,
+    guidance_embeds: bool = False,
 ) -> ImageGenerator:
-    """A randomly initialised pixel-space generator; the same arguments give the same weights."""
+    """A randomly initialised pixel-space generator; the same arguments give the same weights.
+
+    `guidance_embeds` (Flux only) adds FLUX.1-dev's guidance embedding.
+    """
     torch.manual_seed(seed)
     text_encoder = TinyTextEncoder(text_dim, max_tokens=max_tokens, pooled_dim=text_dim).requires_grad_(False)
     if family == "flow":
@@ -118,6 +138,19 @@ def build_tiny_generator(
             caption_projection_dim=heads * head_dim,
             pooled_projection_dim=text_dim,
             pos_embed_max_size=resolution,
+        )
+        scheduler = FlowMatchEulerDiscreteScheduler(shift=shift)
+    elif family == "flux":
+        denoiser = FluxTransformer2DModel(
+            in_channels=4 * channels,  # a 2x2 patch of the image per token
+            num_layers=layers,
+            num_single_layers=layers,
+            attention_head_dim=head_dim,
+            num_attention_heads=heads,
+            joint_attention_dim=text_dim,
+            pooled_projection_dim=text_dim,
+            guidance_embeds=guidance_embeds,
+            axes_dims_rope=_rope_axes(head_dim),
         )
         scheduler = FlowMatchEulerDiscreteScheduler(shift=shift)
     elif family == "ddim":
@@ -136,12 +169,12 @@ def build_tiny_generator(
         # steps_offset=1 as in Stable Diffusion: t = 0 (a step without noise) is never sampled
         scheduler = DDIMScheduler(clip_sample=False, set_alpha_to_one=False, steps_offset=1)
     else:
-        raise ValueError(f"family {family!r}; expected 'flow' or 'ddim'")
+        raise ValueError(f"family {family!r}; expected 'flow', 'flux' or 'ddim'")
 
     def encode(prompts: list[str]) -> PromptEmbeddings:
         with torch.no_grad():
             embeddings = text_encoder.to(_device_of(denoiser))(prompts)
-        return embeddings if family == "flow" else PromptEmbeddings(embeddings.hidden_states)
+        return PromptEmbeddings(embeddings.hidden_states) if family == "ddim" else embeddings
 
     return ImageGenerator(family, denoiser, scheduler, encode, pixels_to_uint8, (channels, resolution, resolution))
 
@@ -149,12 +182,16 @@ def build_tiny_generator(
 def load_pretrained_generator(
     path: str, family: Family, resolution: int = 512, dtype: torch.dtype = torch.bfloat16
 ) -> ImageGenerator:
-    """A real pipeline (SD3/SD3.5 for "flow", Stable Diffusion 1.x/2.x for "ddim") from a hub id or folder."""
-    from diffusers import StableDiffusion3Pipeline, StableDiffusionPipeline
+    """A real pipeline (SD3/SD3.5 for "flow", FLUX.1 for "flux", Stable Diffusion 1.x/2.x for "ddim")
+    from a hub id or folder."""
+    from diffusers import FluxPipeline, StableDiffusion3Pipeline, StableDiffusionPipeline
 
     if family == "flow":
         pipeline = StableDiffusion3Pipeline.from_pretrained(path, torch_dtype=dtype)
         scheduler, denoiser = pipeline.scheduler, pipeline.transformer
+    elif family == "flux":
+        pipeline = FluxPipeline.from_pretrained(path, torch_dtype=dtype)
+        scheduler, denoiser = _flux_fixed_shift_scheduler(pipeline, resolution), pipeline.transformer
     else:
         pipeline = StableDiffusionPipeline.from_pretrained(path, torch_dtype=dtype)
         scheduler, denoiser = DDIMScheduler.from_config(pipeline.scheduler.config), pipeline.unet
@@ -169,6 +206,9 @@ def load_pretrained_generator(
         if family == "flow":
             embeds, _, pooled, _ = pipeline.encode_prompt(prompts, prompts, prompts, do_classifier_free_guidance=False)
             return PromptEmbeddings(embeds, pooled)
+        if family == "flux":
+            embeds, pooled, _ = pipeline.encode_prompt(prompts, prompts, _device_of(denoiser))
+            return PromptEmbeddings(embeds, pooled)
         embeds, _ = pipeline.encode_prompt(prompts, _device_of(denoiser), 1, do_classifier_free_guidance=False)
         return PromptEmbeddings(embeds)
 
@@ -178,8 +218,26 @@ def load_pretrained_generator(
         return pixels_to_uint8(vae.decode(latents, return_dict=False)[0])
 
     scale = pipeline.vae_scale_factor
-    latent_shape = (denoiser.config.in_channels, resolution // scale, resolution // scale)
+    channels = denoiser.config.in_channels // 4 if family == "flux" else denoiser.config.in_channels
+    latent_shape = (channels, resolution // scale, resolution // scale)
     return ImageGenerator(family, denoiser, scheduler, encode, decode, latent_shape)
+
+
+def _flux_fixed_shift_scheduler(pipeline, resolution: int) -> FlowMatchEulerDiscreteScheduler:
+    """FluxPipeline shifts the schedule by exp(mu), mu set by the image's token count ("dynamic shifting").
+    At one fixed resolution that is the static shift exp(mu), which lets `set_timesteps(n)` work unchanged."""
+    from diffusers.pipelines.flux.pipeline_flux import calculate_shift
+
+    config = pipeline.scheduler.config
+    tokens = (resolution // pipeline.vae_scale_factor // 2) ** 2
+    mu = calculate_shift(
+        tokens,
+        config.get("base_image_seq_len", 256),
+        config.get("max_image_seq_len", 4096),
+        config.get("base_shift", 0.5),
+        config.get("max_shift", 1.15),
+    )
+    return FlowMatchEulerDiscreteScheduler.from_config(config, use_dynamic_shifting=False, shift=math.exp(mu))
 
 
 def check_generator(generator: ImageGenerator) -> None:
@@ -234,6 +292,8 @@ def _forward(
     denoiser: nn.Module, family: Family, latents: torch.Tensor, timestep: torch.Tensor, prompts: PromptEmbeddings
 ) -> torch.Tensor:
     dtype = next(denoiser.parameters()).dtype
+    if family == "flux":
+        return _flux_forward(denoiser, latents, timestep, prompts)
     if family == "flow":
         output = denoiser(
             hidden_states=latents.to(dtype),
@@ -247,6 +307,54 @@ def _forward(
             latents.to(dtype), timestep, encoder_hidden_states=prompts.hidden_states.to(dtype), return_dict=False
         )
     return output[0].float()
+
+
+def _flux_forward(
+    denoiser: nn.Module, latents: torch.Tensor, timestep: torch.Tensor, prompts: PromptEmbeddings
+) -> torch.Tensor:
+    """Flux on (B, C, h, w) latents: packed into 2x2-patch tokens, with rotary position ids, and unpacked."""
+    dtype, device = next(denoiser.parameters()).dtype, latents.device
+    height, width = latents.shape[-2:]
+    guidance = None
+    if getattr(denoiser, "module", denoiser).config.guidance_embeds:
+        guidance = torch.full((len(latents),), FLUX_GUIDANCE, device=device, dtype=torch.float32)
+    output = denoiser(
+        hidden_states=pack_latents(latents).to(dtype),
+        encoder_hidden_states=prompts.hidden_states.to(dtype),
+        pooled_projections=prompts.pooled.to(dtype),
+        timestep=timestep / 1000,  # Flux embeds σ·1000 itself; FluxPipeline passes t/1000 too
+        img_ids=flux_image_ids(height // 2, width // 2).to(device, dtype),
+        txt_ids=torch.zeros(prompts.hidden_states.shape[1], 3, device=device, dtype=dtype),
+        guidance=guidance,
+        return_dict=False,
+    )
+    return unpack_latents(output[0].float(), height, width)
+
+
+def pack_latents(latents: torch.Tensor) -> torch.Tensor:
+    """(B, C, h, w) -> (B, h/2 · w/2, 4C): FluxPipeline._pack_latents."""
+    batch, channels, height, width = latents.shape
+    patches = latents.reshape(batch, channels, height // 2, 2, width // 2, 2).permute(0, 2, 4, 1, 3, 5)
+    return patches.reshape(batch, (height // 2) * (width // 2), channels * 4)
+
+
+def unpack_latents(tokens: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """The inverse of `pack_latents`."""
+    batch, _, features = tokens.shape
+    patches = tokens.reshape(batch, height // 2, width // 2, features // 4, 2, 2).permute(0, 3, 1, 4, 2, 5)
+    return patches.reshape(batch, features // 4, height, width)
+
+
+def flux_image_ids(rows: int, columns: int) -> torch.Tensor:
+    """(rows · columns, 3) rotary ids (0, row, column) of the patch tokens: FluxPipeline._prepare_latent_image_ids."""
+    grid = torch.cartesian_prod(torch.arange(rows), torch.arange(columns)).float()
+    return torch.cat([torch.zeros(len(grid), 1), grid], dim=1)
+
+
+def _rope_axes(head_dim: int) -> tuple[int, int, int]:
+    """Flux's rotary split of a head, FLUX.1's (16, 56, 56) of 128 scaled: even sizes summing to head_dim."""
+    spatial = head_dim * 7 // 16 // 2 * 2
+    return head_dim - 2 * spatial, spatial, spatial
 
 
 def _device_of(module: nn.Module) -> torch.device:

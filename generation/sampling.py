@@ -3,7 +3,9 @@
 Only the steps of the SDE window are stochastic and recorded (and so trained); every other step is
 the deterministic ODE/DDIM step. A window of 1-2 steps is the cheap "ODE with SDE branching" variant
 (Flow-GRPO-Fast, MixGRPO); with `same_noise_in_group` every sample of a prompt starts from the same
-noise, so a group shares its trajectory up to the window and differs only by the window's noise.
+noise, so a group shares its trajectory up to the window and differs only by the window's noise:
+that shared ODE prefix is computed once per group. Deterministic steps draw no random numbers, so
+the window's noise does not depend on how much of the batch ran the prefix.
 """
 
 from __future__ import annotations
@@ -113,6 +115,12 @@ def initial_noise(
     return torch.stack([by_prompt[prompt] for prompt in prompts]).to(device)
 
 
+def prompt_groups(prompts: list[str]) -> tuple[list[int], list[int]]:
+    """(the first row of each distinct prompt, each row's index into those): a batch's same-noise groups."""
+    distinct = list(dict.fromkeys(prompts))
+    return [prompts.index(prompt) for prompt in distinct], [distinct.index(prompt) for prompt in prompts]
+
+
 @torch.no_grad()
 def sample_rollout(
     generator: ImageGenerator,
@@ -127,25 +135,39 @@ def sample_rollout(
     device = next(denoiser.parameters()).device
     rng = torch.Generator().manual_seed(seed)
     window = stochastic_steps(settings, np.random.default_rng(seed))
-    scheduler = generator.scheduler
-    scheduler.set_timesteps(settings.num_steps, device=device)
+    generator.scheduler.set_timesteps(settings.num_steps, device=device)
     embeddings = generator.encode_prompts(prompts)
     latents = initial_noise(generator, prompts, settings.same_noise_in_group, rng, device)
-    recorded: dict[str, list[torch.Tensor]] = {"latents": [], "next_latents": [], "timesteps": [], "log_probs": []}
-    for index, timestep in enumerate(scheduler.timesteps):
-        output = predict(denoiser, generator.family, latents, timestep, embeddings, negative, settings.guidance_scale)
+
+    def step(index: int, latents: torch.Tensor, rows: list[int] | slice = slice(None)) -> StepDistribution:
+        timestep = generator.scheduler.timesteps[index]
+        conditions = [None if part is None else part[rows] for part in (embeddings, negative)]
+        output = predict(denoiser, generator.family, latents, timestep, *conditions, settings.guidance_scale)
         noise_level = settings.noise_level if index in window else 0.0
-        step = step_distribution(generator, output, timestep, latents, noise_level, settings.method)
-        next_latents, log_prob = sample_and_log_prob(step, generator=rng)  # ODE steps: std 0, exact mean
-        if index in window:
-            if settings.noise_level > 0 and not torch.all(step.std > 0):
-                raise ValueError(
-                    f"step {index} of {settings.num_steps} has no noise with this scheduler; move the SDE window"
-                )
-            recorded["latents"].append(latents)
-            recorded["next_latents"].append(next_latents)
-            recorded["timesteps"].append(timestep.expand(len(prompts)))
-            recorded["log_probs"].append(log_prob)
+        return step_distribution(generator, output, timestep, latents, noise_level, settings.method)
+
+    rows, members = prompt_groups(prompts) if settings.same_noise_in_group else (slice(None), slice(None))
+    # a same-noise group follows one ODE trajectory until the window: compute it once and branch there
+    shared = latents[rows]
+    for index in range(window.start):
+        shared = step(index, shared, rows).mean
+    latents = shared[members]
+
+    recorded: dict[str, list[torch.Tensor]] = {"latents": [], "next_latents": [], "timesteps": [], "log_probs": []}
+    for index in range(window.start, settings.num_steps):
+        distribution = step(index, latents)
+        if index not in window:  # a deterministic (ODE/DDIM) step
+            latents = distribution.mean
+            continue
+        if settings.noise_level > 0 and not torch.all(distribution.std > 0):
+            raise ValueError(
+                f"step {index} of {settings.num_steps} has no noise with this scheduler; move the SDE window"
+            )
+        next_latents, log_prob = sample_and_log_prob(distribution, generator=rng)
+        recorded["latents"].append(latents)
+        recorded["next_latents"].append(next_latents)
+        recorded["timesteps"].append(generator.scheduler.timesteps[index].expand(len(prompts)))
+        recorded["log_probs"].append(log_prob)
         latents = next_latents
     stacked = {name: torch.stack(values, dim=1) for name, values in recorded.items()}
     return Rollout(prompts, embeddings, images=generator.decode(latents), **stacked)

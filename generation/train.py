@@ -1,4 +1,4 @@
-"""`vlmr grpo`: GRPO fine-tuning of a flow-matching or DDIM generator with LoRA, accelerate and rewards.
+"""`vlmr grpo`: GRPO fine-tuning of a flow-matching (SD3, Flux) or DDIM generator with LoRA, accelerate and rewards.
 
 One epoch: sample `batches_per_epoch` batches of whole prompt groups (rewards scored while the next
 batch samples), turn rewards into group advantages, then PPO-clip updates on the recorded stochastic
@@ -232,6 +232,7 @@ def build_generator(settings: ModelSettings) -> ImageGenerator:
         max_tokens=tiny.max_tokens,
         shift=tiny.shift,
         seed=tiny.seed,
+        guidance_embeds=tiny.guidance_embeds,
     )
 
 

@@ -7,6 +7,8 @@ import pytest
 from typer.testing import CliRunner
 
 from generation.config import GRPOConfig
+from generation.models import check_generator
+from generation.train import build_generator
 from vlm_rewards.cli import app
 from vlm_rewards.config import load_job_config
 
@@ -18,14 +20,17 @@ CONFIGS = sorted(CONFIGS_DIR.glob("*.yaml"))
 def test_shipped_grpo_configs_validate(path):
     config = load_job_config(GRPOConfig, path)
     assert config.rewards.trained
+    if config.model.pretrained is None:
+        check_generator(build_generator(config.model))  # the tiny model of each family is a supported one
 
 
-def test_vlmr_grpo_runs_a_tiny_config(tmp_path):
+@pytest.mark.parametrize("name", ["tiny_flow", "tiny_flux"])
+def test_vlmr_grpo_runs_a_tiny_config(tmp_path, name):
     result = CliRunner().invoke(
         app,
         [
             "grpo",
-            str(CONFIGS_DIR / "tiny_flow.yaml"),
+            str(CONFIGS_DIR / f"{name}.yaml"),
             f"output_dir={tmp_path}",
             "train.epochs=1",
             "sampling.num_steps=3",

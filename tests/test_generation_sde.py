@@ -40,8 +40,9 @@ def numpy_gaussian_log_prob(value, mean, std) -> np.ndarray:
     return density.reshape(len(density), -1).mean(axis=1)
 
 
-def test_noise_level_zero_reproduces_the_euler_ode_sampler_exactly():
-    generator = build_tiny_generator("flow", shift=3.0)
+@pytest.mark.parametrize("family", ["flow", "flux"])
+def test_noise_level_zero_reproduces_the_euler_ode_sampler_exactly(family):
+    generator = build_tiny_generator(family, shift=3.0)
     prompts = ["a red circle", "a blue square"]
     embeddings = generator.encode_prompts(prompts)
     start = torch.randn(2, *generator.latent_shape, generator=torch.Generator().manual_seed(0))
@@ -49,12 +50,12 @@ def test_noise_level_zero_reproduces_the_euler_ode_sampler_exactly():
     scheduler = flow_scheduler(6)
     with torch.no_grad():
         for timestep in scheduler.timesteps:
-            velocity = predict(generator.denoiser, "flow", ours, timestep, embeddings)
+            velocity = predict(generator.denoiser, family, ours, timestep, embeddings)
             ours, log_prob, _, std_dev_t = sde_step_with_logprob(scheduler, velocity, timestep, ours, noise_level=0.0)
             assert torch.all(std_dev_t == 0) and torch.all(log_prob == 0)
         reference = flow_scheduler(6)
         for timestep in reference.timesteps:
-            velocity = predict(generator.denoiser, "flow", theirs, timestep, embeddings)
+            velocity = predict(generator.denoiser, family, theirs, timestep, embeddings)
             theirs = reference.step(velocity, timestep, theirs).prev_sample
     assert torch.equal(ours, theirs)
     # the rollout sampler at noise level 0, whatever its window, is the same ODE sampler

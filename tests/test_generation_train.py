@@ -10,11 +10,12 @@ import torch
 from accelerate import Accelerator
 from safetensors.torch import load_file
 
+from generation import sampling
 from generation.config import GRPOConfig
 from generation.grpo import Advantages
-from generation.models import build_tiny_generator, check_generator
+from generation.models import build_tiny_generator, check_generator, predict
 from generation.rewards import RewardSet, collect_rollouts
-from generation.sampling import SamplerSettings, sample_rollout
+from generation.sampling import Rollout, SamplerSettings, sample_rollout
 from generation.train import add_lora, build_generator, negative_embeddings, run_grpo, step_loss, update_policy
 from vlm_rewards.interface import BaseReward, RewardResult, RewardSpec
 
@@ -46,15 +47,18 @@ def tiny_config(tmp_path, **sections) -> GRPOConfig:
 
 
 @pytest.mark.parametrize(
-    ("family", "sampling"),
+    ("model", "sampling"),
     [
-        ("flow", {"num_steps": 4}),
-        ("flow", {"num_steps": 4, "method": "cps", "guidance_scale": 3.0}),
-        ("ddim", {"num_steps": 4, "noise_level": 1.0}),
+        ({"family": "flow"}, {"num_steps": 4}),
+        ({"family": "flow"}, {"num_steps": 4, "method": "cps", "guidance_scale": 3.0}),
+        ({"family": "flux"}, {"num_steps": 4}),
+        ({"family": "flux", "tiny": {"guidance_embeds": True}}, {"num_steps": 4, "guidance_scale": 3.0}),
+        ({"family": "ddim"}, {"num_steps": 4, "noise_level": 1.0}),
     ],
+    ids=["flow", "flow-cps-cfg", "flux", "flux-guidance-embeds-cfg", "ddim"],
 )
-def test_importance_ratio_is_one_on_the_first_update(tmp_path, family, sampling):
-    config = tiny_config(tmp_path, model={"family": family}, sampling=sampling)
+def test_importance_ratio_is_one_on_the_first_update(tmp_path, model, sampling):
+    config = tiny_config(tmp_path, model=model, sampling=sampling)
     generator = build_generator(config.model)
     generator.denoiser = add_lora(generator.denoiser, config.model).eval()
     prompts = ["a red circle"] * 4 + ["a blue square"] * 4
@@ -93,6 +97,41 @@ def test_sde_window_records_only_its_steps_and_same_noise_groups_share_the_prefi
     assert not torch.equal(rollout.next_latents[0, 0], rollout.next_latents[1, 0])  # branched by the SDE step
 
 
+@pytest.mark.parametrize("guidance_scale", [1.0, 3.0])
+def test_same_noise_groups_run_the_ode_prefix_once_per_group(monkeypatch, guidance_scale):
+    generator = build_tiny_generator("flow")
+    settings = SamplerSettings(
+        num_steps=5, window_size=1, window_starts=(3, 4), same_noise_in_group=True, guidance_scale=guidance_scale
+    )
+    prompts = ["a red circle"] * 3 + ["a blue square"] * 3
+    negative = generator.encode_prompts([""] * len(prompts)) if guidance_scale > 1 else None
+    batch_sizes = []
+
+    def row_by_row_predict(denoiser, family, latents, timestep, prompts, negative, guidance_scale):
+        # one forward per row: batch composition changes the kernels' round-off, which is not under test
+        batch_sizes.append(len(latents))
+        rows = [slice(i, i + 1) for i in range(len(latents))]
+        negatives = [None if negative is None else negative[row] for row in rows]
+        return torch.cat(
+            [
+                predict(denoiser, family, latents[row], timestep, prompts[row], unconditional, guidance_scale)
+                for row, unconditional in zip(rows, negatives, strict=True)
+            ]
+        )
+
+    monkeypatch.setattr(sampling, "predict", row_by_row_predict)
+    branched = sample_rollout(generator, prompts, settings, seed=0, negative=negative)
+    assert batch_sizes == [2, 2, 2, 6, 6]  # 3 prefix steps on one row per group, then the whole batch
+
+    # the per-sample computation: every row its own group
+    monkeypatch.setattr(sampling, "prompt_groups", lambda prompts: (list(range(len(prompts))),) * 2)
+    per_sample = sample_rollout(generator, prompts, settings, seed=0, negative=negative)
+    assert batch_sizes[5:] == [6] * 5
+    for name in Rollout.STEP_FIELDS:
+        assert torch.equal(getattr(branched, name), getattr(per_sample, name)), name
+    np.testing.assert_array_equal(branched.images, per_sample.images)
+
+
 def test_a_training_step_with_a_rule_reward_changes_the_lora_weights_and_resumes(tmp_path):
     train = {"kl_beta": 0.04, "clip_range": 0.2, "lr": 1e-2, "ema_decay": 0.5}
     history = run_grpo(tiny_config(tmp_path, train=train))
@@ -107,8 +146,9 @@ def test_a_training_step_with_a_rule_reward_changes_the_lora_weights_and_resumes
     assert [epoch for epoch, _ in resumed["zero_std_ratio"]] == [1, 2]  # epoch 1 restored, not rerun
 
 
-def test_ddim_unet_path_trains(tmp_path):
-    config = tiny_config(tmp_path, model={"family": "ddim"}, sampling={"num_steps": 3, "noise_level": 1.0})
+@pytest.mark.parametrize(("family", "noise_level"), [("ddim", 1.0), ("flux", 0.7)])
+def test_unet_and_flux_paths_train(tmp_path, family, noise_level):
+    config = tiny_config(tmp_path, model={"family": family}, sampling={"num_steps": 3, "noise_level": noise_level})
     generator = build_generator(config.model)
     generator.denoiser = add_lora(generator.denoiser, config.model).eval()
     prompts = ["a red circle"] * 4 + ["a blue square"] * 4

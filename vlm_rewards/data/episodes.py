@@ -12,8 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import zipfile
-import zlib
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -327,7 +325,7 @@ class EpisodeDataset:
         clips = {}
         for clip_name in self.clip_names:
             path, key = clip_location(stem, self.frame_format, clip_name)
-            clip = read_clip_checked(path, key)
+            clip = read_clip(path, key)
             where = f"{path}[{key!r}]" if path.suffix == ".npz" else str(path)
             validate_clip(clip, where)
             if clip_name != "reference" and len(clip) != num_frames:
@@ -470,22 +468,12 @@ class PairDataset:
 
     def _load_item(self, relative: str) -> np.ndarray:
         path = self.root / relative
-        frames = read_clip_checked(path)
+        frames = read_clip(path)
         validate_clip(frames, str(path))
         return frames
 
 
 # ----------------------------------------------------------------------------- shared readers
-
-
-def read_clip_checked(path: Path, key: str = "frames") -> np.ndarray:
-    """`read_clip`, with a corrupt or truncated file a ValueError naming it."""
-    try:
-        return read_clip(path, key)
-    except ValueError:
-        raise
-    except (OSError, EOFError, KeyError, zipfile.BadZipFile, zlib.error, RuntimeError) as error:
-        raise ValueError(f"{path}: unreadable or truncated ({type(error).__name__}: {error})") from None
 
 
 REQUIRED_META = {

@@ -11,6 +11,7 @@ from vlm_rewards.interface import (
     RewardRequest,
     RewardResult,
     RewardSpec,
+    score_each,
 )
 from vlm_rewards.rewards.function import FunctionReward
 
@@ -205,3 +206,17 @@ def test_function_reward_may_return_results_with_progress():
     frames = np.stack([np.full((4, 4, 3), v, np.uint8) for v in (0, 51, 255)])
     (result,) = FunctionReward(per_frame, dense=True).score([RewardRequest(frames, "t")])
     np.testing.assert_allclose(result.progress, [0.0, 0.2, 1.0])
+
+
+def test_score_each_isolates_the_request_a_reward_refuses():
+    def picky(request):
+        if request.text == "bad":
+            raise ValueError("refused")
+        return 0.5
+
+    reward = FunctionReward(picky, value_range=(0.0, 1.0))
+    requests = [RewardRequest(clip(), text) for text in ("a", "bad", "b")]
+    first, refused, last = score_each(reward, requests)
+    assert first.reward == last.reward == 0.5 and isinstance(refused, ValueError)
+    with pytest.raises(ValueError, match="refused"):
+        reward.score(requests)  # the batch alone fails; score_each keeps the batch-mates

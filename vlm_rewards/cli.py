@@ -164,7 +164,7 @@ def score(
     an "error", the message also goes to stderr, and the job exits with code 2 after the other clips.
     A bad reward config or reference ends the job at once (exit code 2).
     """
-    from vlm_rewards.interface import RewardRequest, validate_request
+    from vlm_rewards.interface import RewardRequest, score_each, validate_request
     from vlm_rewards.media import read_clip
     from vlm_rewards.registry import build_reward
 
@@ -202,23 +202,6 @@ def score(
     if failed:
         report_error(f"{len(failed)} of {len(clips)} clips could not be scored: {', '.join(map(str, failed))}")
         raise typer.Exit(code=2)
-
-
-def score_each(model, requests: list) -> list:
-    """`model.score(requests)`, or, if the batch raises a ValueError, each request alone so that one
-    bad request does not sink the others: per request its RewardResult or its ValueError."""
-    try:
-        return list(model.score(requests))
-    except ValueError as error:
-        if len(requests) == 1:
-            return [error]
-    outcomes: list = []
-    for request in requests:
-        try:
-            outcomes.extend(model.score([request]))
-        except ValueError as error:
-            outcomes.append(error)
-    return outcomes
 
 
 @app.command()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -29,6 +30,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+logger = logging.getLogger(__name__)
 REFERENCE = "reference"  # a `requires` entry: the request must carry reference/goal frames
 VIEW_PREFIX = "view:"  # a `requires` entry "view:<name>": the request must carry that camera view
 
@@ -353,6 +355,26 @@ class _Stream:
             reference=self.reference,
             views={name: np.concatenate(chunks) for name, chunks in self.views.items()},
         )
+
+
+def score_each(
+    reward: RewardModel, requests: Sequence[RewardRequest], errors: tuple[type[Exception], ...] = (ValueError,)
+) -> list[RewardResult | Exception]:
+    """`reward.score(requests)` for batch jobs: if the batch raises one of `errors`, each request is scored
+    alone, so one bad request does not sink its batch-mates. Per request, its result or the error it raised."""
+    try:
+        return list(reward.score(requests))
+    except errors as error:
+        if len(requests) == 1:
+            return [error]
+        logger.warning("a batch of %d requests raised (%s); scoring them one by one", len(requests), error)
+    outcomes: list[RewardResult | Exception] = []
+    for request in requests:
+        try:
+            outcomes.extend(reward.score([request]))
+        except errors as error:
+            outcomes.append(error)
+    return outcomes
 
 
 # ----------------------------------------------------------------------------- validation

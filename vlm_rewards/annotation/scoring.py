@@ -7,7 +7,6 @@ reward refuses) fails alone: a batch that raises is rescored one episode at a ti
 
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,10 +15,9 @@ import numpy as np
 
 from vlm_rewards.annotation.decode import DecodedEpisode
 from vlm_rewards.annotation.sources import EpisodeRef
-from vlm_rewards.interface import RewardModel, RewardRequest, RewardResult, RewardSpec, SampleKey
+from vlm_rewards.interface import RewardModel, RewardRequest, RewardResult, RewardSpec, SampleKey, score_each
 from vlm_rewards.subsample import expand_to_episode, subsample_request
 
-logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -83,24 +81,9 @@ def score_batch(
         return []
     budget = episode_budget(reward.spec, max_frames)
     requests = [subsample_request(build_request(episode), budget) for episode in episodes]
-    results = _score_resilient(reward, requests)
+    # any exception: an unexpected failure on one episode must not sink its batch-mates
+    results = score_each(reward, requests, errors=(Exception,))
     return [_outcome(reward.spec, e, r, res) for e, r, res in zip(episodes, requests, results)]
-
-
-def _score_resilient(reward: RewardModel, requests: list[RewardRequest]) -> list[RewardResult | Exception]:
-    try:
-        return list(reward.score(requests))
-    except Exception as error:  # noqa: BLE001 - a bad request must not sink its batch-mates
-        if len(requests) == 1:
-            return [error]
-        logger.warning("a batch of %d episodes raised (%s); scoring them one by one", len(requests), error)
-    outcomes: list[RewardResult | Exception] = []
-    for request in requests:
-        try:
-            outcomes.extend(reward.score([request]))
-        except Exception as error:  # noqa: BLE001
-            outcomes.append(error)
-    return outcomes
 
 
 def _outcome(

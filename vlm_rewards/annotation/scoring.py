@@ -19,7 +19,6 @@ from vlm_rewards.interface import RewardModel, RewardRequest, RewardResult, Rewa
 from vlm_rewards.subsample import expand_to_episode, subsample_request
 
 
-
 @dataclass
 class EpisodeOutcome:
     """What one episode produced: `progress` (num_frames,) and `scored` (num_frames,) bool on success,

@@ -24,15 +24,13 @@ rate measured in the same run and dtype.
 
 from __future__ import annotations
 
-import os
-import platform
 import statistics
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import numpy as np
 import torch
@@ -40,16 +38,18 @@ import transformers
 import typer
 from rich.console import Console
 from rich.table import Table
-from transformers import AutoConfig, AutoModel, PretrainedConfig, Qwen2_5_VLConfig
 
 from vlm_rewards.data.synthetic import ShapesWorld
 from vlm_rewards.interface import RewardRequest
 from vlm_rewards.io import write_json
-from vlm_rewards.models.backbones import build_tiny_backbone, load_backbone
 from vlm_rewards.models.inputs import ClipBatch
-from vlm_rewards.models.reward_network import RewardNetwork, RewardNetworkConfig, resolve_device, resolve_dtype
+from vlm_rewards.models.reward_network import RewardNetwork, resolve_device, resolve_dtype
 
-Preset = Literal["tiny", "qwen2_5_vl_3b"]
+try:  # run as a script: bench/ is on sys.path
+    from _common import Preset, build_model, machine
+except ModuleNotFoundError:  # imported as `bench.rm_throughput` (the tests)
+    from bench._common import Preset, build_model, machine
+
 FRAME_SIZES: dict[str, int] = {"tiny": 112, "qwen2_5_vl_3b": 224}
 # Largest per-frame ‖h_prefix − h_one_pass‖ / ‖h_one_pass‖ of readout hidden states accepted as the same
 # output. Context-free readouts (each frame alone) differ by O(1), far above every tolerance.
@@ -73,68 +73,6 @@ class BenchConfig:
     attn_implementation: str | None = None  # None: transformers' default (sdpa)
     threads: int | None = None  # CPU threads; None: torch's default
     seed: int = 0
-
-
-def qwen2_5_vl_3b_config(tiny: PretrainedConfig) -> Qwen2_5_VLConfig:
-    """Qwen2.5-VL-3B-Instruct's hyperparameters, with the special-token ids of the tiny model's tokenizer."""
-    text = tiny.get_text_config()
-    return Qwen2_5_VLConfig(
-        text_config=dict(
-            vocab_size=151936,
-            hidden_size=2048,
-            intermediate_size=11008,
-            num_hidden_layers=36,
-            num_attention_heads=16,
-            num_key_value_heads=2,
-            rms_norm_eps=1e-6,
-            max_position_embeddings=128000,
-            rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0, "mrope_section": [16, 24, 24]},
-            bos_token_id=text.bos_token_id,
-            eos_token_id=text.eos_token_id,
-            pad_token_id=text.pad_token_id,
-        ),
-        vision_config=dict(
-            depth=32,
-            hidden_size=1280,
-            intermediate_size=3420,
-            num_heads=16,
-            out_hidden_size=2048,
-            patch_size=14,
-            spatial_merge_size=2,
-            temporal_patch_size=2,
-            window_size=112,
-            fullatt_block_indexes=[7, 15, 23, 31],
-            tokens_per_second=2,
-        ),
-        image_token_id=tiny.image_token_id,
-        video_token_id=tiny.video_token_id,
-        vision_start_token_id=tiny.vision_start_token_id,
-        vision_end_token_id=tiny.vision_end_token_id,
-        tie_word_embeddings=True,
-    )
-
-
-def build_model(
-    preset: Preset,
-    workdir: Path,
-    device: torch.device,
-    dtype: torch.dtype,
-    max_frames: int,
-    attn_implementation: str | None = None,
-) -> RewardNetwork:
-    """A progress RM with random weights; the 3B preset is built in memory on `device`, nothing is downloaded."""
-    tiny_dir = build_tiny_backbone("qwen2_5_vl", workdir / "tiny_backbone")
-    reward_config = RewardNetworkConfig(max_frames=max_frames)
-    options = {"attn_implementation": attn_implementation} if attn_implementation else {}
-    if preset == "tiny":
-        return RewardNetwork.from_backbone(tiny_dir, reward_config, dtype=dtype, **options).to(device).eval()
-    _, processor = load_backbone(tiny_dir)  # the tiny tokenizer and Qwen2.5-VL image processor
-    config = qwen2_5_vl_3b_config(AutoConfig.from_pretrained(tiny_dir))
-    if len(processor.tokenizer) > config.get_text_config().vocab_size:
-        raise ValueError(f"the tokenizer has {len(processor.tokenizer)} tokens, more than the config's vocab_size")
-    with torch.device(device):
-        backbone = AutoModel.from_config(config, dtype=dtype, **options)
-    return RewardNetwork(backbone, processor, reward_config).to(device).eval()
 
 
 def make_clips(
@@ -342,27 +280,6 @@ def measure_training(
     }
 
 
-def cpu_name() -> str:
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
-
-def machine(device: torch.device) -> dict[str, Any]:
-    return {
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "cpu": cpu_name(),
-        "cpu_count": os.cpu_count(),
-        "load_average": os.getloadavg(),  # other jobs on the machine skew absolute times
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-    }
-
-
 def run_benchmark(config: BenchConfig, workdir: Path) -> dict[str, Any]:
     if config.threads:
         torch.set_num_threads(config.threads)
@@ -370,8 +287,9 @@ def run_benchmark(config: BenchConfig, workdir: Path) -> dict[str, Any]:
     dtype = resolve_dtype(config.dtype, device)
     machine_info = machine(device)  # before this run adds to the load average
     frame_size = config.frame_size or FRAME_SIZES[config.preset]
-    torch.manual_seed(config.seed)
-    model = build_model(config.preset, workdir, device, dtype, config.num_frames, config.attn_implementation)
+    model = build_model(
+        config.preset, workdir, device, dtype, config.num_frames, config.attn_implementation, seed=config.seed
+    )
     requests, labels = make_clips(config.batch_size, config.num_frames, frame_size, config.seed)
 
     params = parameter_counts(model)

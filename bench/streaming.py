@@ -22,8 +22,6 @@ shared CPU only the ratios mean much; pass `--threads 1`.
 
 from __future__ import annotations
 
-import os
-import platform
 import statistics
 import tempfile
 import time
@@ -43,29 +41,13 @@ from vlm_rewards.models.backbones import FAMILIES, build_tiny_backbone
 from vlm_rewards.models.reward_network import RewardNetwork, RewardNetworkConfig
 from vlm_rewards.models.streaming import KVCacheSession
 
+try:  # run as a script: bench/ is on sys.path
+    from _common import machine
+except ModuleNotFoundError:  # imported as `bench.streaming` (the tests)
+    from bench._common import machine
+
 TOLERANCE = 1e-4  # largest |streamed − rescored| progress accepted as the same output (float32)
 TEXT = "pick up the red block and place it on the green plate"
-
-
-def cpu_name() -> str:
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
-
-def machine() -> dict[str, Any]:
-    return {
-        "device": "cpu",
-        "cpu": cpu_name(),
-        "cpu_count": os.cpu_count(),
-        "load_average": os.getloadavg(),  # other jobs on the machine skew absolute times
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-    }
 
 
 def run_benchmark(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import multiprocessing
 import os
 import time
 from pathlib import Path
@@ -25,6 +26,7 @@ from tests.annotation_fixtures import (
 )
 from vlm_rewards.annotation import AnnotateConfig, run_annotation
 from vlm_rewards.annotation.runner import DecodePool, make_pool
+from vlm_rewards.registry import build_reward
 
 COMPARED = ("frames.parquet", "episodes.parquet", "failures.json", "manifest.json", "job.json")
 
@@ -231,3 +233,17 @@ def test_decode_pool_runs_in_parallel_workers():
         elapsed = time.perf_counter() - start
     assert len(set(pids)) == 2 and os.getpid() not in pids
     assert elapsed < 4 * 0.4  # serial decoding would take 1.6 s
+
+
+def test_decode_workers_start_before_the_reward_is_built(tmp_path):
+    """The reward may be a function that builds it: it is called once the decode workers are started,
+    so that their start-up overlaps loading the model."""
+    cfg = config(tmp_path, videos_source(make_video_folder(tmp_path / "videos")), decode={"backend": "process"})
+    children_before, workers_at_build = len(multiprocessing.active_children()), []
+
+    def build():
+        workers_at_build.append(len(multiprocessing.active_children()) - children_before)
+        return build_reward(cfg.reward)
+
+    summary = run_annotation(cfg, reward=build)
+    assert workers_at_build == [2] and (summary.num_annotated, summary.num_failed) == (4, 0)

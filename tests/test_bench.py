@@ -3,7 +3,8 @@
 import torch
 from transformers import AutoConfig, AutoModel
 
-from bench.rm_throughput import BenchConfig, qwen2_5_vl_3b_config, run_benchmark
+from bench._common import qwen2_5_vl_3b_config
+from bench.rm_throughput import BenchConfig, run_benchmark
 from vlm_rewards.models.backbones import build_tiny_backbone
 
 

@@ -153,7 +153,9 @@ class OutputStore:
             write_json(self.failure_path(ref), failure_record(ref, outcome.stage or "decode", outcome.error or ""))
 
     def read_shard(self, ref: EpisodeRef) -> tuple[pa.Table, dict[str, Any]]:
-        table = pq.read_table(self.shard_path(ref))
+        # ParquetFile, not read_table: 4x less overhead per small file, which the merge pays per episode
+        with pq.ParquetFile(self.shard_path(ref)) as shard:
+            table = shard.read()
         meta = json.loads(table.schema.metadata[META_KEY])
         return table.replace_schema_metadata(None), meta
 

@@ -3,13 +3,16 @@ write per-episode shards, then merge (see `vlm_rewards.annotation.outputs` for t
 
 The local engine decodes in a process (or thread) pool that runs ahead of the reward, at most
 `decode.workers * decode.prefetch` episodes in flight, so the reward scores batch k while the workers
-decode batch k+1. `engine: ray` hands the same work to `vlm_rewards.annotation.ray_engine`.
+decode batch k+1. The pool starts before the reward is built, so that the workers' start-up overlaps
+loading the model. `engine: ray` hands the same work to `vlm_rewards.annotation.ray_engine`.
 """
 
 from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
+import functools
 import logging
 import multiprocessing
 from collections.abc import Callable, Iterable, Iterator
@@ -82,14 +85,29 @@ def job_fingerprint(config: AnnotateConfig, reward: RewardModel) -> tuple[str, d
 
 
 def run_annotation(
-    config: AnnotateConfig, track: Track | None = None, reward: RewardModel | None = None
+    config: AnnotateConfig,
+    track: Track | None = None,
+    reward: RewardModel | Callable[[], RewardModel] | None = None,
 ) -> AnnotationSummary:
     """Annotate the configured source into `config.output_dir`; resumable, see module docstring.
 
-    reward: an already-built reward (tests, callers with a remote client); default: `config.reward`.
+    reward: an already-built reward (tests, callers with a remote client), or a function that builds
+        one; default: `build_reward(config.reward)`. The local engine starts its decode workers first,
+        so that their start-up (a fresh interpreter importing the decoder) overlaps loading the model.
     track: an optional progress wrapper `track(iterable, description, total=...)` (the CLI's tqdm).
     """
-    reward = reward if reward is not None else build_reward(config.reward)
+    with contextlib.ExitStack() as stack:
+        pool = stack.enter_context(start_decode_pool(config)) if config.engine == "local" else None
+        if reward is None:
+            reward = build_reward(config.reward)
+        elif not isinstance(reward, RewardModel):
+            reward = reward()
+        return _annotate(config, reward, pool, track)
+
+
+def _annotate(
+    config: AnnotateConfig, reward: RewardModel, pool: DecodePool | None, track: Track | None
+) -> AnnotationSummary:
     check_reward_for_annotation(reward.spec)
     if config.source.kind == "lerobot" and not reward.spec.dense and (
         config.lerobot.write_copy or config.lerobot.progress_table
@@ -115,7 +133,7 @@ def run_annotation(
 
             run_ray(config, pending, store, track)
         else:
-            workers_used = run_local(config, reward, pending, store, track)
+            workers_used = run_local(config, reward, pending, store, track, pool)
 
     manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "fingerprint": fp, "parts": parts,
                 "source_path": str(Path(config.source.path).resolve())}  # fmt: skip
@@ -173,11 +191,34 @@ def decode_or_failure(ref: EpisodeRef, sampling: SamplingConfig) -> DecodedEpiso
         return EpisodeOutcome(ref=ref, error=f"{ref.path}: {type(error).__name__}: {error}", stage="decode")
 
 
+def _worker_started() -> None:
+    """A decode worker's initializer: the work is in unpickling it, which imports this module (and
+    the decoder with it) while the worker starts, not when its first episode arrives."""
+
+
 def make_pool(workers: int, backend: str) -> concurrent.futures.Executor:
+    """A pool of `workers` decode threads or processes, all started now."""
     if backend == "thread":
         return concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="vlmr-decode")
     # spawn, not fork: the parent may hold threads (reward backends, Ray) that fork would copy mid-state
-    return concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+    context = multiprocessing.get_context("spawn")
+    pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_started)
+    for _ in range(workers):  # spawned workers start on demand: one task each starts them all
+        pool.submit(_worker_started)
+    return pool
+
+
+def start_decode_pool(config: AnnotateConfig) -> DecodePool:
+    """The local engine's decode workers, started: they run ahead of the reward by up to
+    `decode.workers * decode.prefetch` episodes (at least a batch)."""
+    task = functools.partial(decode_or_failure, sampling=config.sampling)
+    window = max(config.batch_size, config.decode.workers * config.decode.prefetch)
+    make = functools.partial(make_pool, config.decode.workers, config.decode.backend)
+    return DecodePool(make, task, window, _decode_worker_crashed)
+
+
+def _decode_worker_crashed(ref: EpisodeRef, error: BaseException) -> EpisodeOutcome:
+    return EpisodeOutcome(ref=ref, error=f"{ref.path}: the decode worker crashed ({error})", stage="decode")
 
 
 class DecodePool:
@@ -233,33 +274,30 @@ _END = object()
 
 
 def run_local(
-    config: AnnotateConfig, reward: RewardModel, pending: list[EpisodeRef], store: OutputStore, track: Track | None
+    config: AnnotateConfig,
+    reward: RewardModel,
+    pending: list[EpisodeRef],
+    store: OutputStore,
+    track: Track | None,
+    pool: DecodePool,
 ) -> set[str]:
-    import functools
-
-    task = functools.partial(decode_or_failure, sampling=config.sampling)
-    window = max(config.batch_size, config.decode.workers * config.decode.prefetch)
+    """Score `pending` in batches as `pool` decodes them; the decode workers' ids."""
     workers: set[str] = set()
-    def crashed(ref: EpisodeRef, error: BaseException) -> EpisodeOutcome:
-        return EpisodeOutcome(ref=ref, error=f"{ref.path}: the decode worker crashed ({error})", stage="decode")
-
-    make = functools.partial(make_pool, config.decode.workers, config.decode.backend)
-    with DecodePool(make, task, window, crashed) as pool:
-        stream = pool.map(pending)
-        if track is not None:
-            stream = track(stream, "annotate", total=len(pending))
-        batch: list[DecodedEpisode] = []
-        for item in stream:
-            if isinstance(item, EpisodeOutcome):
-                logger.warning("%s %s: %s", item.ref.source, item.ref.episode, item.error)
-                store.write(item)
-                continue
-            workers.add(item.worker)
-            batch.append(item)
-            if len(batch) >= config.batch_size:
-                _score_and_write(reward, batch, store, config)
-                batch = []
-        _score_and_write(reward, batch, store, config)
+    stream = pool.map(pending)
+    if track is not None:
+        stream = track(stream, "annotate", total=len(pending))
+    batch: list[DecodedEpisode] = []
+    for item in stream:
+        if isinstance(item, EpisodeOutcome):
+            logger.warning("%s %s: %s", item.ref.source, item.ref.episode, item.error)
+            store.write(item)
+            continue
+        workers.add(item.worker)
+        batch.append(item)
+        if len(batch) >= config.batch_size:
+            _score_and_write(reward, batch, store, config)
+            batch = []
+    _score_and_write(reward, batch, store, config)
     return workers
 
 

@@ -1,5 +1,5 @@
-"""SB3 callbacks: deliver deferred rewards into the rollout buffer, log the reward-hacking monitor,
-evaluate success on fixed seeds (with a video), and checkpoint."""
+"""SB3 callbacks: deliver deferred rewards into the rollout or replay buffer, log the reward-hacking
+monitor, evaluate success on fixed seeds (with a video), and checkpoint."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 
 import numpy as np
-from stable_baselines3.common.buffers import RolloutBuffer
+from stable_baselines3.common.buffers import ReplayBuffer, RolloutBuffer
 from stable_baselines3.common.callbacks import BaseCallback
 
 from robotics.reward_wrapper import RewardStreams
@@ -25,16 +25,28 @@ def correlation(a: np.ndarray, b: np.ndarray) -> float:
 
 
 class RewardCallback(BaseCallback):
-    """Per rollout: adds deferred rewards into the rollout buffer (then recomputes returns and
-    advantages), and logs learned vs true reward, success and their on-policy correlation."""
+    """Per rollout: delivers deferred rewards into the algorithm's buffer before it trains on them,
+    and logs learned vs true reward, success and their on-policy correlation.
+
+    SB3 calls `_on_rollout_end` after a rollout's last transition is stored and before the update,
+    for on- and off-policy algorithms alike. PPO: the rewards go into the rollout buffer, then returns
+    and advantages are recomputed. SAC (and any replay-buffer algorithm): into the replay buffer rows
+    this rollout's transitions were stored in, so every gradient step sees the rewards a sync run
+    would have stored. A rollout is `train_freq` steps: set it to `reward_every` to keep the calls
+    batched (a shorter one flushes, and so calls the reward, every `train_freq` steps).
+    """
 
     def __init__(self, streams: RewardStreams, history_path: Path | None = None):
         super().__init__()
         self.streams, self.history_path = streams, history_path
-        self._rollout_start = 0
+        self._rollout_start = 0  # the wrapper's step count when the rollout began
+        self._replay_start = 0  # the replay buffer's row of the rollout's first transition
 
     def _on_rollout_start(self) -> None:
         self._rollout_start = self.streams.step_count
+        replay = getattr(self.model, "replay_buffer", None)
+        if isinstance(replay, ReplayBuffer):
+            self._replay_start = replay.pos
 
     def _on_step(self) -> bool:
         return True
@@ -45,17 +57,30 @@ class RewardCallback(BaseCallback):
         self._log_monitor()
 
     def _deliver(self, rewards: list[tuple[int, int, float]]) -> None:
-        buffer = getattr(self.model, "rollout_buffer", None)
-        if not isinstance(buffer, RolloutBuffer):
+        rollout = getattr(self.model, "rollout_buffer", None)
+        replay = getattr(self.model, "replay_buffer", None)
+        if isinstance(rollout, RolloutBuffer):
+            self._add(rewards, rollout.rewards, first_row=0)
+            rollout.compute_returns_and_advantage(last_values=self.locals["values"], dones=self.locals["dones"])
+        elif isinstance(replay, ReplayBuffer):
+            self._add(rewards, replay.rewards, first_row=self._replay_start)
+        else:
             raise ValueError(
-                "deferred rewards (reward_every != 1 or async_inference) need an on-policy algorithm (PPO)"
+                f"deferred rewards (reward_every != 1 or async_inference) need an SB3 rollout or replay buffer; "
+                f"{type(self.model).__name__} has neither"
             )
+
+    def _add(self, rewards: list[tuple[int, int, float]], table: np.ndarray, first_row: int) -> None:
+        """Adds each (step, env, reward) at its transition's row of `table` ((rows, envs), a ring for replay)."""
+        rows = len(table)
         for step, env, value in rewards:
-            row = step - self._rollout_start
-            if not 0 <= row < buffer.buffer_size:
-                raise RuntimeError(f"deferred reward of step {step} outside this rollout (start {self._rollout_start})")
-            buffer.rewards[row, env] += value
-        buffer.compute_returns_and_advantage(last_values=self.locals["values"], dones=self.locals["dones"])
+            offset = step - self._rollout_start
+            if not 0 <= offset < rows:
+                raise RuntimeError(
+                    f"deferred reward of step {step} outside this rollout (start {self._rollout_start}, "
+                    f"{rows} buffer rows)"
+                )
+            table[(first_row + offset) % rows, env] += value
 
     def _log_monitor(self) -> None:
         records, self.streams.monitor = self.streams.monitor, []
@@ -105,7 +130,11 @@ def evaluate_success(model, make_env, seeds: list[int], video_path: Path | None 
 
 
 class EvalCheckpointCallback(BaseCallback):
-    """Every `eval_every` steps: success rate on fixed seeds (+ video); every `checkpoint_every`: save."""
+    """Every `eval_every` steps: success rate on fixed seeds (+ video); every `checkpoint_every`: save.
+
+    Saves happen at rollout ends, after `RewardCallback` (listed before this one) has delivered the
+    rollout's deferred rewards: a replay buffer saved mid-rollout would keep placeholder zeros.
+    """
 
     def __init__(self, run, eval_every: int, checkpoint_every: int):
         super().__init__()
@@ -120,10 +149,12 @@ class EvalCheckpointCallback(BaseCallback):
         if self.num_timesteps >= self._next_eval:
             self._next_eval += self.eval_every
             self.evaluate()
-        if self.num_timesteps >= self._next_checkpoint:
-            self._next_checkpoint += self.checkpoint_every
-            self.run.save_checkpoint(self.model)
         return True
+
+    def _on_rollout_end(self) -> None:
+        if self.num_timesteps >= self._next_checkpoint:
+            self._next_checkpoint = (self.num_timesteps // self.checkpoint_every + 1) * self.checkpoint_every
+            self.run.save_checkpoint(self.model)
 
     def evaluate(self) -> float:
         rate = self.run.evaluate(self.model)

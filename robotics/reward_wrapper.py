@@ -27,7 +27,7 @@ When the reward is called (`reward_every`):
   (rollout-end relabel). Both need a causal reward (so later frames cannot change earlier values)
   and give the same values as calling every step. Deferred rewards are returned as 0 by `step`
   and delivered by `flush()` as (step, env, reward); `robotics.callbacks.RewardCallback` adds them
-  into SB3's rollout buffer before the update (on-policy algorithms only).
+  into SB3's rollout buffer (PPO) or replay buffer (SAC) at rollout end, before the update.
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ class RewardStreams:
 
     def begin_episodes(self, indices: Sequence[int], infos: Sequence[dict]) -> None:
         """Envs `indices` started new episodes; `infos` are their reset infos (from `CameraFrames`)."""
-        indices = list(indices)
+        indices = [int(i) for i in indices]  # sessions take Python ints, not numpy integers
         if not indices:
             return
         if any(self._buffer[i] for i in indices):

@@ -2,8 +2,11 @@ import math
 
 import numpy as np
 import pytest
+import torch
+from stable_baselines3 import SAC
 from stable_baselines3.common.vec_env import DummyVecEnv
 
+from robotics.callbacks import RewardCallback
 from robotics.config import EnvConfig
 from robotics.envs import make_env, make_gym_vector
 from robotics.reward_wrapper import GymVectorReward, RewardStreams, RewardWrapperConfig, SB3VecReward
@@ -37,7 +40,8 @@ class Counting:
 
 
 class PixelProgress(BaseReward):
-    """Causal toy reward: progress of a frame = its pixel [0, 0, 0] / 255 (optionally NaN)."""
+    """Causal toy reward: progress of a frame = its mean pixel / 255 (optionally NaN); each frame's
+    value is computed alone, so it is bit-identical however the frames are batched."""
 
     def __init__(self, causal=True, nan=False):
         self.nan = nan
@@ -46,7 +50,7 @@ class PixelProgress(BaseReward):
     def _score(self, requests):
         results = []
         for request in requests:
-            progress = request.frames[:, 0, 0, 0].astype(np.float64) / 255
+            progress = request.frames.reshape(request.num_frames, -1).mean(1) / 255
             if self.nan:
                 results.append(RewardResult(math.nan, np.full_like(progress, math.nan), error="broken"))
             else:
@@ -161,6 +165,32 @@ def test_deferred_and_async_rewards_equal_per_step_rewards(schedule):
     np.testing.assert_allclose(deferred, sync, atol=1e-6)
     if schedule.get("reward_every") == 4:
         assert streams.calls < 13  # fewer, larger calls (one more at each episode end)
+
+
+def train_sac(config: RewardWrapperConfig, env_config=SMALL):
+    venv = DummyVecEnv([lambda: make_env(env_config) for _ in range(env_config.num_envs)])
+    env = SB3VecReward(venv, PixelProgress(), config)
+    model = SAC("MlpPolicy", env, learning_starts=12, batch_size=16, train_freq=4, gradient_steps=4,
+                buffer_size=24, policy_kwargs={"net_arch": [16]}, seed=0, device="cpu")  # fmt: skip
+    model.learn(48, callback=RewardCallback(env.streams))  # 16 vector steps: the 8-row replay ring wraps
+    env.close()
+    return model, env.streams.calls
+
+
+@pytest.mark.parametrize("schedule", [{"reward_every": 4}, {"reward_every": 0}, {"async_inference": True}])
+def test_sac_with_deferred_rewards_trains_on_the_sync_rewards(schedule):
+    """Deferred rewards reach the replay buffer at rollout end (train_freq steps), before the gradient
+    steps: the run stores, trains on and so acts on exactly what a sync run does."""
+    base = RewardWrapperConfig(mode="shaping", success_bonus=1.0)
+    sync, sync_calls = train_sac(base)
+    deferred, deferred_calls = train_sac(base.model_copy(update=schedule))
+    assert np.any(sync.replay_buffer.rewards != 0)
+    np.testing.assert_array_equal(deferred.replay_buffer.rewards, sync.replay_buffer.rewards)
+    np.testing.assert_array_equal(deferred.replay_buffer.observations, sync.replay_buffer.observations)
+    for trained, reference in zip(deferred.policy.parameters(), sync.policy.parameters()):
+        assert torch.equal(trained, reference)
+    if "reward_every" in schedule:
+        assert deferred_calls < sync_calls  # one call per rollout of 4 steps (and at episode ends)
 
 
 def test_normalized_rewards_use_running_std():

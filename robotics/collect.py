@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.envs.registration import load_env_creator
 
 from robotics.config import CollectConfig
 from robotics.envs import make_gym_vector
@@ -153,9 +154,7 @@ def _strided(num_frames: int, stride: int) -> np.ndarray:
 
 def collect(config: CollectConfig, track: Track | None = None) -> EpisodeDataset:
     """Roll out the configured policies and write the dataset to `config.output`."""
-    from robotics.tasks import TASKS
-
-    stage_budgets = TASKS[config.env.id][0].stage_budgets
+    stage_budgets = load_env_creator(gym.spec(config.env.id).entry_point).stage_budgets
     counts: dict[str, list[int]] = {}
 
     def records() -> Iterator[EpisodeRecord]:

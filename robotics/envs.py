@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable, Sequence
 
 import gymnasium as gym
@@ -11,6 +12,9 @@ from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv
 import robotics.tasks  # noqa: F401 - registers the vlmr/* envs
 from robotics.config import EnvConfig
 from robotics.frames import CameraFrames
+
+if importlib.util.find_spec("metaworld"):  # the optional extra, in its own venv (scripts/setup_metaworld.sh)
+    import robotics.metaworld  # noqa: F401 - registers the metaworld/<task> envs
 
 
 def make_env(

@@ -3,6 +3,9 @@
 - `expert`: solves the task; `noise` adds Gaussian action noise (std in action units).
 - `wrong_object`: the expert for a distractor (another target / block), a failure that looks competent.
 - `random`: uniform actions.
+
+An env may bring its own scripted policy as `env.unwrapped.expert()` (an object with `act(obs)` and
+`action_size`, e.g. Meta-World's in robotics/metaworld.py); it has no distractors, so no `wrong_object`.
 """
 
 from __future__ import annotations
@@ -20,13 +23,15 @@ def _towards(ee: np.ndarray, point: np.ndarray, gain: float = GAIN) -> np.ndarra
 
 
 class ReachExpert:
+    action_size = 2
+
     def __init__(self, num_targets: int):
         self.num_targets = num_targets
 
     def act(self, obs: np.ndarray, target: int | None = None) -> np.ndarray:
         ee = obs[0:2]
         targets = obs[4 : 4 + 2 * self.num_targets].reshape(-1, 2)
-        named = int(np.argmax(obs[4 + 2 * self.num_targets :]))
+        named = int(np.argmax(obs[4 + 2 * self.num_targets : 4 + 3 * self.num_targets]))
         return _towards(ee, targets[named if target is None else target])
 
 
@@ -34,6 +39,7 @@ class PushExpert:
     """Go behind the block (seen from the zone), then push through it toward the zone centre."""
 
     behind = EE_RADIUS + 0.03 + 0.025  # pre-push distance from the block centre
+    action_size = 2
 
     def __init__(self, num_blocks: int, num_zones: int):
         self.num_blocks, self.num_zones = num_blocks, num_zones
@@ -44,7 +50,7 @@ class PushExpert:
         zones_end = 4 + 2 * self.num_blocks + 2 * self.num_zones
         zones = obs[4 + 2 * self.num_blocks : zones_end].reshape(-1, 2)
         named_block = int(np.argmax(obs[zones_end : zones_end + self.num_blocks]))
-        zone = zones[int(np.argmax(obs[zones_end + self.num_blocks :]))]
+        zone = zones[int(np.argmax(obs[zones_end + self.num_blocks : zones_end + self.num_blocks + self.num_zones]))]
         block = blocks[named_block if target is None else target]
 
         to_zone = zone - block
@@ -69,8 +75,10 @@ class PushExpert:
 
 
 def make_expert(env) -> ReachExpert | PushExpert:
-    """The expert of an env (any wrapper around a `vlmr/*` env)."""
+    """The expert of an env (any wrapper around a `vlmr/*` env, or an env with an `expert()` method)."""
     task = env.unwrapped
+    if hasattr(task, "expert"):
+        return task.expert()
     if isinstance(task, ReachEnv):
         return ReachExpert(task.num_targets)
     if isinstance(task, PushEnv):
@@ -97,15 +105,20 @@ def scripted_action(
 ) -> np.ndarray:
     """One action of `policy` for one observation. `wrong_target`: the distractor `wrong_object` goes for."""
     if policy == "random":
-        return rng.uniform(-1.0, 1.0, size=2).astype(np.float32)
+        return rng.uniform(-1.0, 1.0, size=expert.action_size).astype(np.float32)
     if policy not in POLICIES:
         raise ValueError(f"policy {policy!r}; expected one of {POLICIES}")
+    if policy == "wrong_object" and wrong_target is None:
+        raise ValueError(f"wrong_object: the task of {type(expert).__name__} has no distractor to go for")
     action = expert.act(obs, target=wrong_target if policy == "wrong_object" else None)
     if noise > 0:
-        action = action + rng.normal(0.0, noise, size=2)
+        action = action + rng.normal(0.0, noise, size=expert.action_size)
     return np.clip(action, -1.0, 1.0).astype(np.float32)
 
 
-def pick_wrong_target(expert: ReachExpert | PushExpert, obs: np.ndarray, rng: np.random.Generator) -> int:
+def pick_wrong_target(expert: ReachExpert | PushExpert, obs: np.ndarray, rng: np.random.Generator) -> int | None:
+    """A distractor for `wrong_object`; None for an expert of a task without distractors."""
+    if not isinstance(expert, ReachExpert | PushExpert):
+        return None
     named = named_object(expert, obs)
     return int(rng.choice([i for i in range(num_objects(expert)) if i != named]))

@@ -1,5 +1,6 @@
 # Two entry points for a fresh machine: `make demo` (set up, then run the main job on embedded
-# defaults) and `make test` (set up, lint with ruff, then run the test suite). Setup is idempotent.
+# defaults: `vlmr pipeline`, collect -> train a progress RM -> RL -> report) and `make test` (set up,
+# lint with ruff, then run the test suite). Setup is idempotent.
 PYTHON := .venv/bin/python
 VLMR := .venv/bin/vlmr
 
@@ -10,7 +11,7 @@ setup: .venv/.setup-done
 	touch $@
 
 demo: setup
-	MUJOCO_GL=egl $(VLMR) demo
+	MUJOCO_GL=egl HF_HUB_OFFLINE=1 $(VLMR) pipeline
 
 test: setup
 	.venv/bin/ruff check .

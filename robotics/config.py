@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import pydantic
 
 from robotics.reward_wrapper import RewardWrapperConfig
 from vlm_rewards.config import JobConfig
 
+# a Meta-World v3 task (robotics/metaworld.py; the metaworld extra, in its own venv)
+MetaWorldId = Annotated[str, pydantic.StringConstraints(pattern=r"^metaworld/[a-z-]+-v\d+$")]
+
 
 class EnvConfig(pydantic.BaseModel, extra="forbid"):
-    id: Literal["vlmr/Reach-v0", "vlmr/Push-v0"] = "vlmr/Reach-v0"
+    id: Literal["vlmr/Reach-v0", "vlmr/Push-v0"] | MetaWorldId = "vlmr/Reach-v0"
     num_envs: int = pydantic.Field(4, ge=1)
     vectorization: Literal["sync", "async"] = "sync"  # async: one process per env (renders in parallel)
     width: int = pydantic.Field(64, ge=16)
@@ -58,6 +61,8 @@ class SACParams(pydantic.BaseModel, extra="forbid"):
     gradient_steps: int = 1
     gamma: float = 0.99
     tau: float = 0.005
+    # "auto_<init>": learned, starting at <init>; SB3's default start of 1.0 drowns rewards in [-1, 0]
+    ent_coef: str | float = "auto_0.05"
     net_arch: list[int] = [128, 128]
 
 
@@ -109,10 +114,5 @@ class RLConfig(JobConfig):
             raise ValueError(
                 f"reward.wrapper.gamma={wrapper.gamma} differs from {self.algo}.gamma={algo_gamma}; potential shaping "
                 "keeps the optimal policy only with the algorithm's discount"
-            )
-        deferred = wrapper.reward_every != 1 or wrapper.async_inference
-        if self.algo == "sac" and deferred and self.reward.source in ("learned", "goal_image"):
-            raise ValueError(
-                "sac stores rewards as it steps: use reward.wrapper.reward_every=1 without async_inference"
             )
         return self

@@ -37,6 +37,7 @@ WORKSPACE = 0.3  # objects are placed in [-WORKSPACE, WORKSPACE]^2
 EE_RADIUS = 0.025
 BLOCK_HALF = 0.03
 MAX_SPEED = 0.6  # m/s of the end-effector at |action| = 1
+MARKER_RADIUS = 0.05  # drawn size of targets and of the end-effector's footprint: ~7 px at 64 px, big enough to see
 
 _SCENE = """
 <mujoco model="vlmr_tabletop">
@@ -52,7 +53,9 @@ _SCENE = """
     <body name="ee" pos="0 0 {ee_z}">
       <joint name="ee_x" type="slide" axis="1 0 0" range="-0.38 0.38" damping="1"/>
       <joint name="ee_y" type="slide" axis="0 1 0" range="-0.38 0.38" damping="1"/>
-      <geom name="ee" type="sphere" size="{ee_radius}" mass="0.2" rgba="0.95 0.95 0.95 1" contype="1" conaffinity="1"/>
+      <geom name="ee" type="sphere" size="{ee_radius}" mass="0.2" rgba="0.08 0.08 0.08 1" contype="1" conaffinity="1"/>
+      <geom name="ee_marker" type="cylinder" size="{marker_radius} 0.001" pos="0 0 -{ee_z}" mass="0"
+            rgba="0.08 0.08 0.08 1" contype="0" conaffinity="0"/>
     </body>
     {blocks}
   </worldbody>
@@ -75,7 +78,7 @@ def _walls() -> str:
 
 def _marker(name: str, shape: str) -> str:
     """A flat, non-colliding coloured marker (a reach target disc or a goal zone square)."""
-    size = "0.035 0.002" if shape == "disc" else "0.06 0.06 0.002"
+    size = f"{MARKER_RADIUS} 0.002" if shape == "disc" else "0.06 0.06 0.002"
     geom_type = "cylinder" if shape == "disc" else "box"
     return (
         f'<body name="{name}" mocap="true" pos="0 0 0.002">'
@@ -100,6 +103,7 @@ def build_model(markers: list[tuple[str, str]], blocks: list[str]) -> mujoco.MjM
         blocks="\n".join(_block(name) for name in blocks),
         ee_z=EE_RADIUS,
         ee_radius=EE_RADIUS,
+        marker_radius=MARKER_RADIUS,
         speed=MAX_SPEED,
     )
     return mujoco.MjModel.from_xml_string(xml)
@@ -323,9 +327,9 @@ class ReachEnv(TabletopEnv):
 
     def _observation(self) -> np.ndarray:
         if not hasattr(self, "layout"):  # before the first reset: the right size, zeros
-            return np.zeros(4 + 3 * self.num_targets, dtype=np.float32)
+            return np.zeros(6 + 3 * self.num_targets, dtype=np.float32)
         parts = [self.ee_position, self.data.qvel[0:2], self.layout.positions.ravel(),
-                 _one_hot(self.layout.target, self.num_targets)]  # fmt: skip
+                 _one_hot(self.layout.target, self.num_targets), self.goal_position - self.ee_position]  # fmt: skip
         return np.concatenate(parts).astype(np.float32)
 
 
@@ -418,10 +422,12 @@ class PushEnv(TabletopEnv):
 
     def _observation(self) -> np.ndarray:
         if not hasattr(self, "layout"):
-            return np.zeros(4 + 3 * self.num_blocks + 3 * self.num_zones, dtype=np.float32)
+            return np.zeros(8 + 3 * self.num_blocks + 3 * self.num_zones, dtype=np.float32)
         layout = self.layout
+        block = self.block_positions[layout.target]
         parts = [self.ee_position, self.data.qvel[0:2], self.block_positions.ravel(), layout.zone_positions.ravel(),
-                 _one_hot(layout.target, self.num_blocks), _one_hot(layout.zone, self.num_zones)]  # fmt: skip
+                 _one_hot(layout.target, self.num_blocks), _one_hot(layout.zone, self.num_zones),
+                 block - self.ee_position, self.goal_position - block]  # fmt: skip
         return np.concatenate(parts).astype(np.float32)
 
 

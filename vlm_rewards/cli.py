@@ -269,12 +269,28 @@ def rl(args: JobArgs = None) -> None:
 
 
 @app.command()
+def pipeline(args: JobArgs = None) -> None:
+    """The main job: collect demonstrations, train a progress RM from scratch, RL with it and baselines, report."""
+    from robotics.pipeline import PipelineConfig, run_pipeline
+
+    run_config_job(PipelineConfig, lambda config: console.print(f"report: {run_pipeline(config, tqdm_track)}"), args)
+
+
+@app.command()
 def grpo(args: JobArgs = None) -> None:
     """GRPO fine-tuning of a flow-matching (SD3) or DDIM (UNet) generator with rewards; LoRA, resumable."""
     from generation.config import GRPOConfig
     from generation.train import run_grpo
 
     run_config_job(GRPOConfig, lambda config: run_grpo(config, tqdm_track), args)
+
+
+@app.command("pretrain-generator")
+def pretrain_generator(args: JobArgs = None) -> None:
+    """Train a tiny text-to-image flow model from scratch on ShapesWorld prompts (GRPO's base model)."""
+    from generation.pretrain import PretrainConfig, run_pretrain
+
+    run_config_job(PretrainConfig, lambda config: run_pretrain(config, tqdm_track), args)
 
 
 if __name__ == "__main__":

@@ -140,6 +140,10 @@ def evaluate_progress(
         "mismatch_accuracy": float((matched_rewards[both_scored] > mismatched_rewards[both_scored]).mean())
         if both_scored.any()
         else float("nan"),
+        **{
+            f"reward_policy_{policy}": _nanmean(final_rewards[[rec.policy == policy for rec in records]])
+            for policy in sorted({rec.policy for rec in records if rec.policy})
+        },
         "num_episodes": len(records),
         "num_expert_episodes": len(experts),
         "num_unscored_frames": int(sum(np.isnan(r.progress).sum() for r in results)),

@@ -1,0 +1,441 @@
+"""`vlmr pipeline`: collect demonstrations -> train a progress RM from scratch -> RL with it -> report.
+
+Stages, each in its own folder under `output_dir` and skipped when its output already exists (so a
+re-run resumes; the RL runs resume from their checkpoints):
+
+1. `data/train`, `data/eval_<k>x`: scripted episodes (`vlmr collect`); held-out ones at k times the
+   training episode length, to check that the RM holds at the clip lengths the RL loop feeds it.
+2. `rm_stage1/` (optional): a preference RM on ShapesWorld pairs, which grounds colour words in pixels;
+   `rm/`: the progress RM trained on the collected episodes, starting from stage 1's backbone.
+3. `eval_rm_<k>x/`: `vlmr eval-rm` of the RM on the held-out episodes (VOC, instruction use, the reward
+   each scripted policy earns, wrong-object behaviour included).
+4. `rl/<condition>_seed<s>/`: `vlmr rl` per reward condition (sparse | dense | learned | goal_image)
+   and seed, equal budgets.
+5. `report.md` + `success_curves.png` + `reward_fidelity.png`: success rate vs env steps (mean ± std over
+   seeds), the RM's on-policy agreement with the true reward as training goes, and a hacking check.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pydantic
+import yaml
+
+from robotics.collect import Track
+from robotics.config import CollectConfig, EnvConfig, RLConfig
+from vlm_rewards.config import JobConfig
+from vlm_rewards.training.config import TrainRMConfig
+
+logger = logging.getLogger("vlm_rewards.robotics.pipeline")
+Condition = Literal["sparse", "dense", "learned", "goal_image"]
+
+
+def _default_env() -> EnvConfig:
+    return EnvConfig(id="vlmr/Reach-v0", max_episode_steps=30)
+
+
+def _default_collect() -> CollectConfig:
+    return CollectConfig(
+        episodes={"expert": 48, "noisy": 32, "wrong_object": 32, "random": 16}, views=[], frame_stride=1
+    )
+
+
+def _default_stage1() -> TrainRMConfig:
+    data = {
+        "synthetic_train": {
+            "num_episodes": 600,
+            "num_pairs": 1500,
+            "num_frames": 8,
+            "frame_size": 56,
+            "num_objects": 3,
+            "seed": 0,
+        }
+    }
+    return TrainRMConfig(
+        model={"reward": {"task": "preference", "head": "scalar"}}, data=data, optim={"steps": 600, "batch_size": 16}
+    )
+
+
+def _default_progress_rm() -> TrainRMConfig:
+    return TrainRMConfig(
+        model={"reward": {"task": "progress", "head": "regression", "max_frames": 128}},
+        data={"augment": {"mismatch": 0.2, "reverse": 0.1, "rewind": 0.1, "stall": 0.05, "subsample": 0.3}},
+        optim={"steps": 600, "batch_size": 12},
+        eval_every=600,
+        save_every=200,
+    )
+
+
+def _default_rl() -> RLConfig:
+    return RLConfig(algo="sac", total_timesteps=4000, eval={"every": 1000, "episodes": 10, "video": False})
+
+
+class PipelineConfig(JobConfig):
+    """Every knob of the stages; `env` is shared by collection and RL. Trainer and RL sections are the
+    `vlmr train-rm` / `vlmr rl` configs (their output folders and data paths are set by the pipeline)."""
+
+    output_dir: Path = Path("runs/pipeline")
+    env: EnvConfig = pydantic.Field(default_factory=_default_env)
+    collect: CollectConfig = pydantic.Field(default_factory=_default_collect)
+    eval_episodes: dict[str, int] = {"expert": 8, "noisy": 4, "wrong_object": 4, "random": 4}
+    eval_length_factors: list[int] = [1, 2]  # held-out episodes at k x the training episode length
+    preference_stage: TrainRMConfig | None = pydantic.Field(default_factory=_default_stage1)  # None: skip
+    progress_rm: TrainRMConfig = pydantic.Field(default_factory=_default_progress_rm)
+    rl: RLConfig = pydantic.Field(default_factory=_default_rl)
+    conditions: list[Condition] = ["sparse", "learned"]
+    seeds: list[int] = [0]
+    hacking_rise: float = 0.2  # flagged: learned progress rose by this much while success stayed below 0.2
+
+
+class Pipeline:
+    def __init__(self, config: PipelineConfig, track: Track | None = None):
+        self.config, self.track = config, track
+        self.root = Path(config.output_dir)
+
+    @property
+    def episode_steps(self) -> int:
+        import gymnasium as gym
+
+        import robotics.envs  # noqa: F401 - registers the tasks
+
+        return self.config.env.max_episode_steps or gym.spec(self.config.env.id).max_episode_steps
+
+    # ------------------------------------------------------------------ stages
+
+    def collect(self) -> None:
+        from robotics.collect import collect
+
+        base = self.config.collect.model_copy(update={"env": self.config.env})
+        jobs = {"train": base}
+        for factor in self.config.eval_length_factors:
+            env = self.config.env.model_copy(update={"max_episode_steps": factor * self.episode_steps})
+            jobs[f"eval_{factor}x"] = base.model_copy(
+                update={"env": env, "episodes": self.config.eval_episodes, "seed": base.seed + 1000 * factor}
+            )
+        for name, job in jobs.items():
+            folder = self.root / "data" / name
+            if not (folder / "meta.json").is_file():
+                collect(job.model_copy(update={"output": str(folder)}), self.track)
+
+    def train_reward_model(self) -> Path:
+        from vlm_rewards.training.train import run_training
+
+        config = self.config
+        backbone = config.progress_rm.model.backbone
+        if config.preference_stage is not None:
+            stage1 = config.preference_stage.model_copy(update={"output_dir": self.root / "rm_stage1"})
+            if not (stage1.output_dir / "model").is_dir():
+                run_training(stage1, self.track)
+            backbone = str(stage1.output_dir / "model")
+        model = config.progress_rm.model.model_copy(update={"backbone": backbone})
+        data = config.progress_rm.data.model_copy(
+            update={"train": self.root / "data" / "train", "eval": self.root / "data" / "eval_1x"}
+        )
+        progress = config.progress_rm.model_copy(update={"output_dir": self.root / "rm", "model": model, "data": data})
+        if not (progress.output_dir / "model").is_dir():
+            run_training(progress, self.track)
+        reward_yaml = self.root / "rm" / "reward.yaml"
+        spec = {
+            "kind": "trained_rm",
+            "name": "pipeline_progress_rm",
+            "model": str((self.root / "rm" / "model").resolve()),
+            "device": config.rl.device,
+            "batch_size": 16,
+        }
+        reward_yaml.write_text(yaml.safe_dump(spec, sort_keys=False))
+        return reward_yaml
+
+    def evaluate_reward_model(self, reward_yaml: Path) -> dict[str, dict]:
+        from vlm_rewards.evaluation.evaluate import EvalRMConfig, run_eval
+        from vlm_rewards.registry import build_reward
+
+        reward = build_reward(str(reward_yaml))
+        metrics = {}
+        for factor in self.config.eval_length_factors:
+            eval_config = EvalRMConfig(
+                reward=str(reward_yaml),
+                episodes=self.root / "data" / f"eval_{factor}x",
+                output_dir=self.root / f"eval_rm_{factor}x",
+            )
+            metrics[f"{factor}x"] = run_eval(eval_config, self.track, reward=reward)
+        return metrics
+
+    def run_rl(self, reward_yaml: Path) -> dict[str, list[Path]]:
+        from robotics.rl import run_rl
+
+        runs: dict[str, list[Path]] = {}
+        for condition in self.config.conditions:
+            for seed in self.config.seeds:
+                run_dir = self.root / "rl" / f"{condition}_seed{seed}"
+                reward = self.config.rl.reward.model_copy(
+                    update={"source": condition, "config": str(reward_yaml) if condition == "learned" else None}
+                )
+                rl_config = self.config.rl.model_copy(
+                    update={"run_dir": str(run_dir), "env": self.config.env, "reward": reward, "seed": seed}
+                )
+                logger.info("RL: %s, seed %d -> %s", condition, seed, run_dir)
+                run_rl(RLConfig.model_validate(rl_config.model_dump()))
+                runs.setdefault(condition, []).append(run_dir)
+        return runs
+
+    def rollout_voc(self, reward_yaml: Path, run_dirs: list[Path]) -> dict[str, list[dict]]:
+        """The RM's VOC on the policy's own evaluation rollouts (`videos/eval_<steps>.mp4`, the first
+        evaluation seed) as training goes: does the reward stay faithful off the demo distribution?"""
+        from robotics.envs import make_env
+        from vlm_rewards.evaluation.metrics import voc
+        from vlm_rewards.interface import RewardRequest
+        from vlm_rewards.media import read_clip
+        from vlm_rewards.registry import build_reward
+
+        env = make_env(self.config.env)
+        env.reset(seed=self.config.rl.eval.seed_start)
+        instruction = env.unwrapped.instruction
+        env.close()
+        reward = build_reward(str(reward_yaml))
+        history = {}
+        for run_dir in run_dirs:
+            videos = sorted((run_dir / "videos").glob("eval_*.mp4"))
+            requests = [RewardRequest(read_clip(video), instruction) for video in videos]
+            results = reward.score(requests) if requests else []
+            history[run_dir.name] = [
+                {
+                    "timesteps": int(video.stem.split("_")[1]),
+                    "voc": voc(result.progress),
+                    "final_progress": result.reward,
+                }
+                for video, result in zip(videos, results)
+            ]
+        return history
+
+    def run(self) -> Path:
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / "config.yaml").write_text(yaml.safe_dump(self.config.model_dump(mode="json"), sort_keys=False))
+        self.collect()
+        reward_yaml = self.train_reward_model()
+        rm_metrics = self.evaluate_reward_model(reward_yaml)
+        runs = self.run_rl(reward_yaml)
+        voc_history = (
+            self.rollout_voc(reward_yaml, [d for ds in runs.values() for d in ds]) if self.config.rl.eval.video else {}
+        )
+        return write_report(self.root, rm_metrics, runs, voc_history, self.config.hacking_rise)
+
+
+# ---------------------------------------------------------------------- report
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line] if path.is_file() else []
+
+
+def success_statistics(run_dirs: list[Path]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Eval steps and the mean and std of the success rate over runs (on the steps all runs share)."""
+    histories = [{e["timesteps"]: e["success_rate"] for e in _read_jsonl(d / "eval.jsonl")} for d in run_dirs]
+    steps = sorted(set.intersection(*(set(h) for h in histories)))
+    rates = np.array([[h[s] for s in steps] for h in histories])
+    return np.array(steps), rates.mean(axis=0), rates.std(axis=0)
+
+
+def steps_to_reach(steps: np.ndarray, rates: np.ndarray, level: float = 0.8) -> int | None:
+    reached = np.nonzero(rates >= level)[0]
+    return int(steps[reached[0]]) if len(reached) else None
+
+
+def hacking_check(run_dir: Path, rise: float) -> dict:
+    """Learned progress up while the true success stays flat: the reward was exploited."""
+    monitor = _read_jsonl(run_dir / "monitor.jsonl")
+    evals = _read_jsonl(run_dir / "eval.jsonl")
+    if len(monitor) < 4 or not evals:
+        return {}
+    progress = np.array([m["reward/learned_progress"] for m in monitor], dtype=float)
+    quarter = max(len(progress) // 4, 1)
+    progress_rise = float(np.nanmean(progress[-quarter:]) - np.nanmean(progress[:quarter]))
+    correlations = np.array(
+        [np.nan if m["reward/corr_progress_true"] is None else m["reward/corr_progress_true"] for m in monitor],
+        dtype=float,
+    )
+    best_success = max(e["success_rate"] for e in evals)
+    return {
+        "learned_progress_rise": progress_rise,
+        "corr_progress_true_first": float(np.nanmean(correlations[:quarter])),
+        "corr_progress_true_last": float(np.nanmean(correlations[-quarter:])),
+        "hacked": bool(progress_rise > rise and best_success < 0.2),
+    }
+
+
+def _voc_ends(histories: list[list[dict]]) -> tuple[float, float]:
+    """Mean rollout VOC over the first and the last quarter of the evaluations, over runs."""
+    if not histories:
+        return float("nan"), float("nan")
+    quarter = max(min(len(h) for h in histories) // 4, 1)
+    first = [e["voc"] for h in histories for e in h[:quarter]]
+    last = [e["voc"] for h in histories for e in h[-quarter:]]
+    return float(np.mean(first)), float(np.mean(last))
+
+
+def _plot(root: Path, runs: dict[str, list[Path]], voc_history: dict[str, list[dict]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6, 4))
+    for condition, run_dirs in runs.items():
+        steps, mean, std = success_statistics(run_dirs)
+        axis.plot(steps, mean, marker="o", label=f"{condition} ({len(run_dirs)} seeds)")
+        axis.fill_between(steps, mean - std, mean + std, alpha=0.2)
+    axis.set(xlabel="env steps", ylabel="success rate (eval seeds)", ylim=(-0.05, 1.05))
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(root / "success_curves.png", dpi=100)
+    plt.close(figure)
+
+    learned = [d for d in runs.get("learned", []) if (d / "monitor.jsonl").is_file()]
+    if learned:
+        figure, axis = plt.subplots(figsize=(6, 4))
+        for run_dir in learned:
+            monitor = _read_jsonl(run_dir / "monitor.jsonl")
+            axis.plot(
+                [m["timesteps"] for m in monitor],
+                [np.nan if m["reward/corr_progress_true"] is None else m["reward/corr_progress_true"] for m in monitor],
+                label=run_dir.name,
+            )
+        axis.set(
+            xlabel="env steps",
+            ylabel="corr(learned progress, true dense reward)",
+            ylim=(-1.05, 1.05),
+            title="RM fidelity on the policy's own rollouts",
+        )
+        axis.legend(fontsize=7)
+        figure.tight_layout()
+        figure.savefig(root / "reward_fidelity.png", dpi=100)
+        plt.close(figure)
+
+    if voc_history:
+        figure, axis = plt.subplots(figsize=(6, 4))
+        for condition, run_dirs in runs.items():
+            for index, run_dir in enumerate(run_dirs):
+                history = voc_history.get(run_dir.name, [])
+                axis.plot(
+                    [e["timesteps"] for e in history],
+                    [e["voc"] for e in history],
+                    alpha=0.7,
+                    color=f"C{list(runs).index(condition)}",
+                    label=condition if index == 0 else None,
+                )
+        axis.set(xlabel="env steps", ylabel="RM VOC on the evaluation rollout", ylim=(-1.05, 1.05))
+        axis.legend(fontsize=7)
+        figure.tight_layout()
+        figure.savefig(root / "rollout_voc.png", dpi=100)
+        plt.close(figure)
+
+
+def _fmt(value) -> str:
+    return (
+        "–"
+        if value is None or (isinstance(value, float) and not np.isfinite(value))
+        else (f"{value:.3f}" if isinstance(value, float) else str(value))
+    )
+
+
+def write_report(
+    root: Path,
+    rm_metrics: dict[str, dict],
+    runs: dict[str, list[Path]],
+    voc_history: dict[str, list[dict]],
+    hacking_rise: float,
+) -> Path:
+    """report.md (+ PNGs, summary.json) a person opens after the pipeline."""
+    _plot(root, runs, voc_history)
+    lines = [
+        "# Pipeline report",
+        "",
+        f"Config: `{root / 'config.yaml'}`",
+        "",
+        "## Reward model on held-out episodes",
+        "",
+    ]
+    keys = [
+        "voc_expert",
+        "voc_reversed",
+        "voc_random",
+        "mismatch_accuracy",
+        "success_auc",
+        *sorted(k for k in next(iter(rm_metrics.values())) if k.startswith("reward_policy_")),
+    ]
+    lines += [
+        "| metric | " + " | ".join(f"{k} length" for k in rm_metrics) + " |",
+        "| --- | " + " | ".join("---" for _ in rm_metrics) + " |",
+    ]
+    lines += [f"| {key} | " + " | ".join(_fmt(m.get(key)) for m in rm_metrics.values()) + " |" for key in keys]
+    lines += [
+        "",
+        "## RL: success rate on the fixed evaluation seeds",
+        "",
+        "![success](success_curves.png)",
+        "",
+        "| reward | seeds | final success (mean ± std) | best | steps to 80 % |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    summary: dict = {"reward_model": rm_metrics, "rl": {}, "rollout_voc": voc_history}
+    for condition, run_dirs in runs.items():
+        steps, mean, std = success_statistics(run_dirs)
+        entry = {
+            "seeds": len(run_dirs),
+            "final_mean": float(mean[-1]),
+            "final_std": float(std[-1]),
+            "best_mean": float(mean.max()),
+            "steps_to_80": steps_to_reach(steps, mean),
+        }
+        if condition == "learned":
+            entry["hacking"] = {d.name: hacking_check(d, hacking_rise) for d in run_dirs}
+        summary["rl"][condition] = entry
+        lines.append(
+            f"| {condition} | {len(run_dirs)} | {mean[-1]:.2f} ± {std[-1]:.2f} | {mean.max():.2f} | "
+            f"{_fmt(entry['steps_to_80'])} |"
+        )
+    if "learned" in summary["rl"]:
+        lines += [
+            "",
+            "## Reward hacking monitor (learned reward)",
+            "",
+            "![fidelity](reward_fidelity.png)",
+            "",
+            "| run | learned progress rise | corr first quarter | corr last quarter | hacked |",
+            "| --- | --- | --- | --- | --- |",
+        ]
+        for name, check in summary["rl"]["learned"]["hacking"].items():
+            lines.append(
+                f"| {name} | "
+                + " | ".join(
+                    _fmt(check.get(k))
+                    for k in ("learned_progress_rise", "corr_progress_true_first", "corr_progress_true_last", "hacked")
+                )
+                + " |"
+            )
+    if voc_history:
+        lines += [
+            "",
+            "## RM VOC on the policies' own evaluation rollouts",
+            "",
+            "![rollout VOC](rollout_voc.png)",
+            "",
+            "| reward | first evaluations | last evaluations |",
+            "| --- | --- | --- |",
+        ]
+        for condition, run_dirs in runs.items():
+            first, last = _voc_ends([voc_history[d.name] for d in run_dirs if voc_history.get(d.name)])
+            lines.append(f"| {condition} | {_fmt(first)} | {_fmt(last)} |")
+    (root / "summary.json").write_text(json.dumps(summary, indent=2))
+    report = root / "report.md"
+    report.write_text("\n".join(lines) + "\n")
+    logger.info("report: %s", report)
+    return report
+
+
+def run_pipeline(config: PipelineConfig, track: Track | None = None) -> Path:
+    return Pipeline(config, track).run()

@@ -1,0 +1,79 @@
+"""The README's main job (`vlmr pipeline`) in a reduced size, and its report helpers."""
+
+import json
+
+import numpy as np
+from typer.testing import CliRunner
+
+from robotics.pipeline import hacking_check, steps_to_reach, success_statistics
+from vlm_rewards.cli import app
+
+runner = CliRunner()
+REDUCED = [
+    "env.num_envs=2", "env.width=32", "env.height=32", "env.max_episode_steps=10",
+    "collect.episodes={expert: 3, noisy: 1, wrong_object: 2, random: 1}",
+    "eval_episodes={expert: 2, noisy: 1, wrong_object: 1, random: 1}",
+    "preference_stage.optim.steps=2", "preference_stage.data.synthetic_train={num_episodes: 16, num_pairs: 16}",
+    "preference_stage.data.synthetic_eval={num_episodes: 8, num_pairs: 8}",
+    "progress_rm.optim.steps=3", "progress_rm.eval_every=3", "progress_rm.save_every=3",
+    "rl.total_timesteps=80", "rl.eval.every=40", "rl.eval.episodes=2", "rl.sac.learning_starts=20",
+    "conditions=[sparse, learned, goal_image]",
+]  # fmt: skip
+
+
+def test_pipeline_runs_every_stage_then_resumes_without_redoing_them(tmp_path):
+    out = tmp_path / "pipeline"
+    result = runner.invoke(app, ["pipeline", f"output_dir={out}", *REDUCED])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["rl"]) == {"sparse", "learned", "goal_image"}
+    rm_1x, rm_2x = summary["reward_model"]["1x"], summary["reward_model"]["2x"]
+    assert {"voc_expert", "reward_policy_wrong_object", "mismatch_accuracy"} <= set(rm_1x)
+    assert rm_1x["version"] == rm_2x["version"]
+    episodes = {name: json.loads((out / "data" / name / "meta.json").read_text())["num_episodes"]
+                for name in ("train", "eval_1x", "eval_2x")}  # fmt: skip
+    assert episodes == {"train": 7, "eval_1x": 5, "eval_2x": 5}
+    learned_monitor = (out / "rl" / "learned_seed0" / "monitor.jsonl").read_text().splitlines()
+    assert learned_monitor and "reward/corr_progress_true" in json.loads(learned_monitor[0])
+    for name in ("report.md", "success_curves.png", "reward_fidelity.png", "rm/reward.yaml"):
+        assert (out / name).is_file(), name
+    assert "| learned | 1 |" in (out / "report.md").read_text()
+
+    stamps = {path: path.stat().st_mtime_ns for path in (out / "data" / "train" / "meta.json",
+                                                          out / "rm" / "model" / "reward_model.json")}  # fmt: skip
+    result = runner.invoke(app, ["pipeline", f"output_dir={out}", *REDUCED])
+    assert result.exit_code == 0, result.output
+    assert {path: path.stat().st_mtime_ns for path in stamps} == stamps
+
+
+def _write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def test_success_statistics_average_the_steps_all_seeds_share(tmp_path):
+    runs = []
+    for seed, rates in enumerate(([0.0, 0.5, 1.0], [0.0, 0.7, 0.9, 1.0])):
+        run = tmp_path / f"run{seed}"
+        run.mkdir()
+        _write_jsonl(run / "eval.jsonl", [{"timesteps": 100 * (i + 1), "success_rate": r} for i, r in enumerate(rates)])
+        runs.append(run)
+    steps, mean, std = success_statistics(runs)
+    np.testing.assert_array_equal(steps, [100, 200, 300])
+    np.testing.assert_allclose(mean, [0.0, 0.6, 0.95])
+    np.testing.assert_allclose(std, [0.0, 0.1, 0.05])
+    assert steps_to_reach(steps, mean) == 300 and steps_to_reach(steps, mean, level=0.99) is None
+
+
+def test_hacking_check_flags_learned_progress_up_with_success_flat(tmp_path):
+    def monitor(progress):
+        return [{"timesteps": i, "reward/learned_progress": p, "reward/corr_progress_true": 0.5} for i, p in
+                enumerate(progress)]  # fmt: skip
+
+    _write_jsonl(tmp_path / "monitor.jsonl", monitor(np.linspace(0.1, 0.9, 8)))
+    _write_jsonl(tmp_path / "eval.jsonl", [{"timesteps": 8, "success_rate": 0.05}])
+    assert hacking_check(tmp_path, rise=0.2)["hacked"]
+    _write_jsonl(tmp_path / "eval.jsonl", [{"timesteps": 8, "success_rate": 0.9}])
+    assert not hacking_check(tmp_path, rise=0.2)["hacked"]
+    _write_jsonl(tmp_path / "monitor.jsonl", monitor(np.full(8, 0.4)))
+    _write_jsonl(tmp_path / "eval.jsonl", [{"timesteps": 8, "success_rate": 0.0}])
+    assert not hacking_check(tmp_path, rise=0.2)["hacked"]

@@ -23,6 +23,7 @@ class TinyModel(JobConfig):
     shift: float = 1.0  # flow scheduler's timestep shift
     seed: int = 0
     guidance_embeds: bool = False  # flux only: FLUX.1-dev's guidance embedding
+    patch_size: int = 2  # flow only: SD3's patch side in pixels
 
 
 class Lora(JobConfig):
@@ -36,6 +37,7 @@ class ModelSettings(JobConfig):
     family: Literal["flow", "flux", "ddim"] = "flow"
     pretrained: str | None = None  # a hub id or folder (SD3 for flow, FLUX.1 for flux, SD 1.x/2.x for ddim); None: tiny
     resolution: int = 512  # pretrained only
+    trained_tiny: str | None = None  # a tiny model trained from scratch: the folder `vlmr pretrain-generator` saved
     tiny: TinyModel = pydantic.Field(default_factory=TinyModel)
     lora: Lora = pydantic.Field(default_factory=Lora)
 
@@ -83,6 +85,7 @@ class Rewards(JobConfig):
 class Train(JobConfig):
     prompts: list[str] = ["a red circle", "a blue square", "a green triangle", "a yellow star"]
     eval_prompts: list[str] = ["a red circle", "a blue square"]
+    eval_images_per_prompt: int = 1  # each from its own fixed-seed noise
     group_size: int = 4  # images per prompt
     sample_batch_size: int = 8  # images per sampling call (whole groups)
     batches_per_epoch: int = 2
@@ -128,6 +131,8 @@ class GRPOConfig(JobConfig):
                 raise ValueError(f"train.{field}: empty prompt(s) at {empty or 'the list itself'}")
         if not self.rewards.trained:
             raise ValueError("rewards.trained: at least one reward is needed")
+        if self.model.pretrained is not None and self.model.trained_tiny is not None:
+            raise ValueError("model: set pretrained or trained_tiny, not both")
         names = [entry.name for entry in self.rewards.trained + self.rewards.gold]
         if len(set(names)) != len(names):
             raise ValueError(f"rewards: names must be unique across trained and gold, got {names}")

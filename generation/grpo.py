@@ -3,8 +3,8 @@
 Advantages are per-prompt z-scores from `vlm_rewards.normalization` (statistics over the whole group,
 gathered across processes); groups whose rewards are all equal carry no signal and are dropped from
 the update (and counted). Several rewards combine in one of two ways:
-- "reward": each reward z-scored over the whole batch (so weights compare like with like), weighted
-  sum, then group advantages of the sum;
+- "reward": each reward z-scored over the whole batch (so weights compare like with like; a reward
+  flat over the batch adds nothing), weighted sum, then group advantages of the sum;
 - "advantage": group advantages of each reward, then their weighted sum (a group is dropped only if
   every reward is flat in it).
 """

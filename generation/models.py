@@ -9,17 +9,21 @@ Three families share the trainer:
 `build_tiny_generator` makes a randomly initialised model from a small config for CPU tests and
 from-scratch experiments. It works in pixel space (no VAE: latents are the image in [-1, 1]) and
 conditions on `TinyTextEncoder`: a small learned embedding of the prompt's words (hashed into a fixed
-vocabulary) plus positions, mean-pooled for SD3's and Flux's pooled projection. `load_pretrained_generator`
-loads a real pipeline with `from_pretrained` and uses its own text encoders and VAE.
+vocabulary) plus positions, mean-pooled for SD3's and Flux's pooled projection. A tiny generator trained
+from scratch (`generation.pretrain`) is saved with `save_tiny_generator` and read back with
+`load_tiny_generator`. `load_pretrained_generator` loads a real pipeline with `from_pretrained` and uses
+its own text encoders and VAE.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -31,6 +35,7 @@ from diffusers import (
     SD3Transformer2DModel,
     UNet2DConditionModel,
 )
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 Family = Literal["flow", "flux", "ddim"]
@@ -78,6 +83,7 @@ class ImageGenerator:
     encode_prompts: Callable[[list[str]], PromptEmbeddings]
     decode: Callable[[torch.Tensor], np.ndarray]  # latents -> (B, H, W, 3) uint8
     latent_shape: tuple[int, int, int]  # (C, h, w)
+    text_encoder: TinyTextEncoder | None = None  # tiny models only: the module behind encode_prompts
 
 
 class TinyTextEncoder(nn.Module):
@@ -86,6 +92,7 @@ class TinyTextEncoder(nn.Module):
     def __init__(self, dim: int = 32, vocab_size: int = 512, max_tokens: int = 8, pooled_dim: int = 32):
         super().__init__()
         self.vocab_size, self.max_tokens = vocab_size, max_tokens
+        self.settings = {"dim": dim, "vocab_size": vocab_size, "max_tokens": max_tokens, "pooled_dim": pooled_dim}
         self.token_embedding = nn.Embedding(vocab_size, dim)
         self.position_embedding = nn.Embedding(max_tokens, dim)
         self.pooled_projection = nn.Linear(dim, pooled_dim)
@@ -118,17 +125,18 @@ def build_tiny_generator(
     shift: float = 1.0,
     seed: int = 0,
     guidance_embeds: bool = False,
+    patch_size: int = 2,
 ) -> ImageGenerator:
     """A randomly initialised pixel-space generator; the same arguments give the same weights.
 
-    `guidance_embeds` (Flux only) adds FLUX.1-dev's guidance embedding.
+    `guidance_embeds` (Flux only) adds FLUX.1-dev's guidance embedding; `patch_size` is SD3's (flow only).
     """
     torch.manual_seed(seed)
     text_encoder = TinyTextEncoder(text_dim, max_tokens=max_tokens, pooled_dim=text_dim).requires_grad_(False)
     if family == "flow":
         denoiser = SD3Transformer2DModel(
             sample_size=resolution,
-            patch_size=2,
+            patch_size=patch_size,
             in_channels=channels,
             out_channels=channels,
             num_layers=layers,
@@ -170,13 +178,49 @@ def build_tiny_generator(
         scheduler = DDIMScheduler(clip_sample=False, set_alpha_to_one=False, steps_offset=1)
     else:
         raise ValueError(f"family {family!r}; expected 'flow', 'flux' or 'ddim'")
+    return tiny_generator(family, denoiser, scheduler, text_encoder, (channels, resolution, resolution))
+
+
+def tiny_generator(
+    family: Family,
+    denoiser: nn.Module,
+    scheduler: FlowMatchEulerDiscreteScheduler | DDIMScheduler,
+    text_encoder: TinyTextEncoder,
+    latent_shape: tuple[int, int, int],
+) -> ImageGenerator:
+    """A pixel-space generator around `TinyTextEncoder` (kept on `ImageGenerator.text_encoder`)."""
 
     def encode(prompts: list[str]) -> PromptEmbeddings:
         with torch.no_grad():
             embeddings = text_encoder.to(_device_of(denoiser))(prompts)
         return PromptEmbeddings(embeddings.hidden_states) if family == "ddim" else embeddings
 
-    return ImageGenerator(family, denoiser, scheduler, encode, pixels_to_uint8, (channels, resolution, resolution))
+    return ImageGenerator(family, denoiser, scheduler, encode, pixels_to_uint8, latent_shape, text_encoder)
+
+
+def save_tiny_generator(generator: ImageGenerator, folder: str | Path) -> None:
+    """Write a tiny generator (e.g. one trained from scratch) as a folder `load_tiny_generator` reads."""
+    folder = Path(folder)
+    text_encoder = generator.text_encoder
+    generator.denoiser.save_pretrained(folder / "denoiser")
+    generator.scheduler.save_pretrained(folder / "scheduler")
+    save_file(text_encoder.state_dict(), folder / "text_encoder.safetensors")
+    settings = {"family": generator.family, "latent_shape": generator.latent_shape, **text_encoder.settings}
+    (folder / "tiny_generator.json").write_text(json.dumps(settings, indent=1))
+
+
+def load_tiny_generator(folder: str | Path) -> ImageGenerator:
+    """A folder written by `save_tiny_generator`; the text encoder comes back frozen."""
+    folder = Path(folder)
+    if not (folder / "tiny_generator.json").is_file():
+        raise ValueError(f"{folder}: no tiny_generator.json; expected a folder saved by save_tiny_generator")
+    settings = json.loads((folder / "tiny_generator.json").read_text())
+    family, latent_shape = settings.pop("family"), tuple(settings.pop("latent_shape"))
+    denoiser = SUPPORTED_MODELS[family].from_pretrained(folder / "denoiser")
+    scheduler = SUPPORTED_SCHEDULERS[family].from_pretrained(folder / "scheduler")
+    text_encoder = TinyTextEncoder(**settings)
+    text_encoder.load_state_dict(load_file(folder / "text_encoder.safetensors"))
+    return tiny_generator(family, denoiser, scheduler, text_encoder.requires_grad_(False), latent_shape)
 
 
 def load_pretrained_generator(

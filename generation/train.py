@@ -34,6 +34,7 @@ from generation.models import (
     build_tiny_generator,
     check_generator,
     load_pretrained_generator,
+    load_tiny_generator,
     predict,
 )
 from generation.rewards import RewardSet, Scores, collect_rollouts
@@ -61,6 +62,8 @@ def run_grpo(config: GRPOConfig, track: Callable[..., Iterable] | None = None) -
     if ema is not None:
         accelerator.register_for_checkpointing(ema)
     start_epoch, history = resume(accelerator, config) if config.resume else (0, {})
+    if start_epoch == 0 and config.eval_every:  # the starting model, for comparison
+        record(accelerator, config, history, evaluate(accelerator, generator, rewards, config, 0), 0)
     epochs = range(start_epoch, config.train.epochs)
     for epoch in track(epochs, "grpo epochs") if track else epochs:
         logs = grpo_epoch(accelerator, generator, denoiser, optimizer, rewards, config, epoch, ema)
@@ -194,16 +197,20 @@ def step_loss(
 def evaluate(
     accelerator: Accelerator, generator: ImageGenerator, rewards: RewardSet, config: GRPOConfig, epoch: int
 ) -> dict[str, float]:
-    """Deterministic samples of the eval prompts (fixed seed): mean rewards and a PNG grid."""
+    """Deterministic samples of the eval prompts (fixed seed): mean rewards and a PNG grid (a row per prompt
+    when there are several images per prompt)."""
     if not accelerator.is_main_process or not config.train.eval_prompts:
         return {}
-    prompts = config.train.eval_prompts
+    repeats = config.train.eval_images_per_prompt
+    prompts = [prompt for prompt in config.train.eval_prompts for _ in range(repeats)]
     negative = negative_embeddings(generator, len(prompts), config)
     images = sample_deterministic(
         generator, prompts, config.sampling.eval_num_steps, config.seed, config.sampling.guidance_scale, negative
     )
     scores = asyncio.run(rewards.ascore(images, prompts))
-    save_image_grid(images, config.output_dir / "eval" / f"epoch_{epoch:04d}.png")
+    save_image_grid(
+        images, config.output_dir / "eval" / f"epoch_{epoch:04d}.png", columns=repeats if repeats > 1 else 8
+    )
     means = {f"eval/reward/{name}": float(v.mean()) for name, v in scores.trained.items()}
     return means | {f"eval/gold/{name}": float(v.mean()) for name, v in scores.gold.items()}
 
@@ -221,6 +228,13 @@ def build_rewards(config: GRPOConfig) -> RewardSet:
 def build_generator(settings: ModelSettings) -> ImageGenerator:
     if settings.pretrained is not None:
         return load_pretrained_generator(settings.pretrained, settings.family, settings.resolution)
+    if settings.trained_tiny is not None:
+        generator = load_tiny_generator(settings.trained_tiny)
+        if generator.family != settings.family:
+            raise ValueError(
+                f"model.trained_tiny {settings.trained_tiny} is a {generator.family!r} model, not {settings.family!r}"
+            )
+        return generator
     tiny = settings.tiny
     return build_tiny_generator(
         settings.family,
@@ -233,6 +247,7 @@ def build_generator(settings: ModelSettings) -> ImageGenerator:
         shift=tiny.shift,
         seed=tiny.seed,
         guidance_embeds=tiny.guidance_embeds,
+        patch_size=tiny.patch_size,
     )
 
 

@@ -63,6 +63,11 @@ def test_multi_reward_aggregation_matches_numpy():
     expected = 0.7 * numpy_group_advantages(aesthetic, groups)[0] + 0.3 * numpy_group_advantages(ocr, groups)[0]
     np.testing.assert_allclose(by_advantage.values, expected, rtol=1e-10)
 
+    flat_everywhere = np.zeros(12)  # e.g. a verifier nothing passes yet: no signal, and no NaN either
+    alongside = combined_advantages({"aesthetic": aesthetic, "ocr": flat_everywhere}, weights, groups, "reward")
+    expected, _ = numpy_group_advantages(0.7 * batch_z(aesthetic), groups)
+    np.testing.assert_allclose(alongside.values, expected, rtol=1e-10)
+
     flat_ocr = np.repeat(rng.normal(size=4), 3)  # ocr flat in every group: only aesthetic drives advantages
     mixed = combined_advantages({"aesthetic": aesthetic, "ocr": flat_ocr}, weights, groups, "advantage")
     assert mixed.keep.all()

@@ -74,6 +74,9 @@ def test_group_zscore():
     np.testing.assert_allclose(z[:2], [-1, 1], atol=1e-3)
     np.testing.assert_array_equal(z[2:4], [0, 0])  # all-equal group
     assert np.isnan(z[4]) and z[5] == 0.0  # a failed sample stays NaN and is left out of its group's stats
+    unsmoothed = group_zscore(values, ["a", "a", "b", "b", "c", "c"], epsilon=0.0)
+    np.testing.assert_array_equal(unsmoothed[[0, 1, 2, 3, 5]], [-1, 1, 0, 0, 0])  # flat groups: zeros, not 0/0
+    assert np.isnan(unsmoothed[4])
     stats = group_statistics(values, ["a", "a", "b", "b", "c", "c"])
     np.testing.assert_array_equal(stats.zero_std, [False, False, True, True, True, True])
     with pytest.raises(ValueError, match="but 2 group labels"):

@@ -112,4 +112,6 @@ def group_zscore(
     """
     values = np.asarray(values, dtype=np.float64)
     stats = group_statistics(values, groups, gather)
-    return (values - stats.mean) / (stats.std + epsilon)
+    with np.errstate(divide="ignore", invalid="ignore"):  # epsilon may be 0: flat groups divide 0 by 0
+        scores = (values - stats.mean) / (stats.std + epsilon)
+    return np.where(stats.zero_std & np.isfinite(values), 0.0, scores)

@@ -1,0 +1,113 @@
+"""Gold accuracy of a ShapesWorld generator on a prompt split, alone or as best-of-N; GRPO curves.
+
+The generator is a GRPO config's model, with the LoRA of one of its run's checkpoints or (no
+`--checkpoint`) the base model itself. Images are ODE samples from fixed-seed noise, as GRPO's own
+evaluation draws them. Best-of-N samples `--samples` images per prompt, splits them into disjoint
+groups of N, keeps each group's image with the highest soft verifier score and reports the gold
+accuracy of the kept ones: the inference-time baseline GRPO is compared with at equal sampled images.
+
+    python -m generation.shapes_eval accuracy configs/grpo/shapes_verifier.yaml --split held_out --best-of 1,4,16
+    python -m generation.shapes_eval accuracy configs/grpo/shapes_verifier.yaml \
+        --checkpoint runs/shapes_verifier/checkpoints/epoch_000030 --split train
+    python -m generation.shapes_eval curves runs/shapes_verifier --output docs/results/img/curves.png
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import typer
+from safetensors.torch import load_file
+
+from generation.config import GRPOConfig
+from generation.models import ImageGenerator
+from generation.sampling import sample_deterministic
+from generation.shapes_t2i import prompts, verify
+from generation.train import add_lora, build_generator
+from vlm_rewards.config import load_job_config
+
+
+def load_policy(config: GRPOConfig, checkpoint: Path | None) -> ImageGenerator:
+    """The config's generator with the LoRA weights an accelerate checkpoint of `vlmr grpo` saved."""
+    generator = build_generator(config.model)
+    if checkpoint is not None:
+        generator.denoiser = add_lora(generator.denoiser, config.model)
+        generator.denoiser.load_state_dict(load_file(checkpoint / "model.safetensors"))
+    generator.denoiser.eval()
+    return generator
+
+
+def best_of_n(
+    generator: ImageGenerator, prompt_list: list[str], samples: int, ns: list[int], num_steps: int, seed: int
+) -> dict[int, float]:
+    """N -> gold accuracy of the best-scoring image of each disjoint group of N (`samples` per prompt)."""
+    repeated = [prompt for prompt in prompt_list for _ in range(samples)]
+    images = sample_deterministic(generator, repeated, num_steps, seed)
+    verdicts = [verify(image, prompt) for image, prompt in zip(images, repeated)]
+    scores = np.array([verdict.score for verdict in verdicts]).reshape(len(prompt_list), samples)
+    correct = np.array([verdict.correct for verdict in verdicts]).reshape(len(prompt_list), samples)
+    accuracies = {}
+    for n in ns:
+        groups = samples // n
+        group_scores = scores[:, : groups * n].reshape(len(prompt_list), groups, n)
+        group_correct = correct[:, : groups * n].reshape(len(prompt_list), groups, n)
+        picked = np.take_along_axis(group_correct, group_scores.argmax(axis=-1)[..., None], axis=-1)
+        accuracies[n] = float(picked.mean())
+    return accuracies
+
+
+app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False)
+
+
+@app.command()
+def accuracy(
+    config_path: Annotated[Path, typer.Argument(help="the GRPO config (model and sampling settings)")],
+    checkpoint: Annotated[Path | None, typer.Option(help="a checkpoint folder of its run; none: the base")] = None,
+    split: Annotated[str, typer.Option(help="train | held_out | all")] = "held_out",
+    samples: Annotated[int, typer.Option(help="images per prompt")] = 4,
+    best_of: Annotated[str, typer.Option(help="comma-separated N; each must divide --samples")] = "1",
+    seed: int = 0,
+    output: Annotated[Path | None, typer.Option(help="also write the result as JSON here")] = None,
+) -> None:
+    config = load_job_config(GRPOConfig, config_path)
+    generator = load_policy(config, checkpoint)
+    ns = [int(n) for n in best_of.split(",")]
+    accuracies = best_of_n(generator, prompts(split), samples, ns, config.sampling.eval_num_steps, seed)
+    result = {"config": str(config_path), "checkpoint": str(checkpoint), "split": split, "samples": samples,
+              "seed": seed, "accuracy_best_of": accuracies}  # fmt: skip
+    print(json.dumps(result))
+    if output is not None:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(result, indent=1))
+
+
+@app.command()
+def curves(
+    runs: Annotated[list[Path], typer.Argument(help="GRPO run folders (their metrics.jsonl)")],
+    output: Annotated[Path, typer.Option(help="the PNG to write")],
+) -> None:
+    """Gold accuracy of the fixed evaluation samples and of the training rollouts, per epoch."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 2, figsize=(9, 3.2), sharey=True)
+    for run in runs:
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        for axis, key in zip(axes, ("eval/gold/accuracy", "gold/accuracy/mean")):
+            points = [(row["epoch"], row[key]) for row in rows if row.get(key) is not None]
+            axis.plot(*zip(*points), marker="o", markersize=3, label=run.name)
+    axes[0].set(title="eval prompts, fixed-seed ODE samples", xlabel="epoch", ylabel="gold accuracy")
+    axes[1].set(title="training rollouts (SDE)", xlabel="epoch")
+    axes[0].legend(fontsize=8)
+    figure.tight_layout()
+    output.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(output, dpi=100)
+
+
+if __name__ == "__main__":
+    app()

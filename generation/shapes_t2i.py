@@ -1,0 +1,199 @@
+"""ShapesWorld text-to-image: a procedural benchmark for GRPO, with a programmatic gold verifier.
+
+Prompts follow one grammar, "a {colour} {shape} in the {region}", over the ShapesWorld vocabulary
+(`vlm_rewards.data.synthetic`: 6 colours × 3 shapes × 5 regions = 90 combinations, worded as the
+preference pairs the preference RM trains on). The held-out split keeps 15 combinations out of base
+training: those whose colour, shape and region indices sum to a multiple of 6. Every colour, shape
+and region, and every pair of them, is still seen in training; those triples are not.
+
+Ground truth is one object drawn by the ShapesWorld renderer near its region's centre (jittered by up
+to `JITTER` per axis) on ShapesWorld's grey table. The verifier reads an image back: saturated pixels
+take their nearest palette colour (the table is grey), and for the prompted colour it measures
+- presence: the colour's area relative to the prompted shape's area;
+- position: the distance from the colour's centroid to the region's centre (in image sides);
+- shape: whether, of the three shape templates centred on that centroid, the prompted one overlaps
+  the colour's pixels best (IoU);
+- clutter: the largest other colour's area relative to the shape's area.
+`Verdict.correct` (all four pass) is the gold accuracy; `Verdict.score` is a soft product of the same
+checks in [0, 1], the reward GRPO trains on: 0 for a missing colour or a far position.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from generation.models import ImageGenerator
+from generation.sampling import sample_deterministic
+from vlm_rewards.data.synthetic import COLORS, GOALS, SHAPES, SceneObject, ShapesWorld
+from vlm_rewards.interface import RewardRequest, RewardResult
+
+RADIUS = 0.15  # object half-size in image sides: 4.8 px at 32 px
+JITTER = 0.05  # ground truth's offset from the region centre, per axis
+MIN_AREA = 0.5  # presence: at least half the shape's area in the prompted colour
+MAX_DISTANCE = 0.15  # position: centroid within this of the region centre (regions are >= 0.3 apart)
+MAX_CLUTTER = 0.5  # no other colour covering more than half the shape's area
+SATURATION = 60  # pixels with max - min channel below this are table (grey)
+COLOR_DISTANCE = 80  # a saturated pixel is a palette colour only within this RGB distance of it
+PROMPT = re.compile(rf"a ({'|'.join(COLORS)}) ({'|'.join(SHAPES)}) in the ({'|'.join(GOALS)})")
+Split = Literal["train", "held_out", "all"]
+
+
+@dataclass(frozen=True)
+class ShapePrompt:
+    color: str
+    shape: str
+    region: str
+
+    @property
+    def text(self) -> str:
+        return f"a {self.color} {self.shape} in the {self.region}"
+
+    @property
+    def held_out(self) -> bool:
+        indices = list(COLORS).index(self.color) + SHAPES.index(self.shape) + list(GOALS).index(self.region)
+        return indices % 6 == 0
+
+    @staticmethod
+    def parse(text: str) -> ShapePrompt:
+        match = PROMPT.fullmatch(text.strip().lower())
+        if match is None:
+            raise ValueError(
+                f"prompt {text!r}: expected 'a <colour> <shape> in the <region>' with colour in {list(COLORS)}, "
+                f"shape in {list(SHAPES)}, region in {list(GOALS)}"
+            )
+        return ShapePrompt(*match.groups())
+
+
+def prompts(split: Split = "all") -> list[str]:
+    """The benchmark's prompts in a fixed order: every combination, or the train or held-out ones."""
+    every = [ShapePrompt(color, shape, region) for color in COLORS for shape in SHAPES for region in GOALS]
+    if split == "all":
+        return [prompt.text for prompt in every]
+    return [prompt.text for prompt in every if prompt.held_out == (split == "held_out")]
+
+
+def render(prompt: str, rng: np.random.Generator, size: int = 32) -> np.ndarray:
+    """A ground-truth (size, size, 3) uint8 image of the prompt."""
+    parsed = ShapePrompt.parse(prompt)
+    world = ShapesWorld(size=size, num_objects=1, radius=RADIUS)
+    centre = np.array(GOALS[parsed.region]) + rng.uniform(-JITTER, JITTER, size=2)
+    return world.render([SceneObject(parsed.color, parsed.shape)], centre[None], world.background(rng))
+
+
+# ----------------------------------------------------------------------------- the verifier
+
+
+@dataclass(frozen=True)
+class Verdict:
+    area: float  # the prompted colour's area / the prompted shape's area
+    distance: float  # its centroid to the region centre, in image sides (√2 when the colour is absent)
+    shape_matches: bool  # the prompted shape's template overlaps the colour best
+    clutter: float  # the largest other colour's area / the prompted shape's area
+
+    @property
+    def correct(self) -> bool:
+        return (
+            self.area >= MIN_AREA
+            and self.distance <= MAX_DISTANCE
+            and self.shape_matches
+            and self.clutter <= MAX_CLUTTER
+        )
+
+    @property
+    def score(self) -> float:
+        presence = min(1.0, self.area / MIN_AREA)
+        position = float(np.clip((MAX_DISTANCE + 0.1 - self.distance) / 0.1, 0.0, 1.0))
+        shape = 1.0 if self.shape_matches else 0.5
+        tidiness = float(np.clip(1.0 - self.clutter, 0.0, 1.0))
+        return presence * position * shape * tidiness
+
+    def info(self) -> dict[str, float | bool]:
+        return {"area": self.area, "distance": self.distance, "shape_matches": self.shape_matches,
+                "clutter": self.clutter, "correct": self.correct}  # fmt: skip
+
+
+def verify(image: np.ndarray, prompt: str) -> Verdict:
+    """Check one (H, W, 3) uint8 image against its prompt."""
+    parsed = ShapePrompt.parse(prompt)
+    size = image.shape[0]
+    labels = color_labels(image)
+    shape_area = template(parsed.shape, (0.5, 0.5), size).sum()
+    mask = labels == list(COLORS).index(parsed.color)
+    others = [np.sum(labels == index) for index in range(len(COLORS)) if index != list(COLORS).index(parsed.color)]
+    clutter = float(max(others) / shape_area)
+    if not mask.any():
+        return Verdict(0.0, float(np.sqrt(2)), False, clutter)
+    centroid = centroid_of(mask)
+    overlaps = {shape: iou(mask, template_at_centroid(shape, centroid, size)) for shape in SHAPES}
+    return Verdict(
+        area=float(mask.sum() / shape_area),
+        distance=float(np.linalg.norm(centroid - np.array(GOALS[parsed.region]))),
+        shape_matches=max(overlaps, key=overlaps.get) == parsed.shape,
+        clutter=clutter,
+    )
+
+
+def color_labels(image: np.ndarray) -> np.ndarray:
+    """(H, W) index into COLORS of each pixel's nearest palette colour; -1 for the table and unclear pixels."""
+    pixels = image.astype(np.float32)
+    palette = np.array(list(COLORS.values()), dtype=np.float32)
+    distances = np.linalg.norm(pixels[..., None, :] - palette, axis=-1)
+    nearest = distances.argmin(axis=-1)
+    saturated = pixels.max(axis=-1) - pixels.min(axis=-1) >= SATURATION
+    close = distances.min(axis=-1) <= COLOR_DISTANCE
+    return np.where(saturated & close, nearest, -1)
+
+
+def centroid_of(mask: np.ndarray) -> np.ndarray:
+    """(x, y) mean of the mask's pixel centres, in image sides."""
+    ys, xs = np.nonzero(mask)
+    return (np.array([xs.mean(), ys.mean()]) + 0.5) / mask.shape[0]
+
+
+def template_at_centroid(shape: str, centroid: np.ndarray, size: int) -> np.ndarray:
+    """The shape's template moved so that its own centroid is `centroid` (a triangle's lies below its centre)."""
+    first = template(shape, centroid, size)
+    return template(shape, 2 * centroid - centroid_of(first), size)
+
+
+def template(shape: str, centre: tuple[float, float], size: int) -> np.ndarray:
+    """(size, size) bool mask of the shape as ShapesWorld draws it at `centre`."""
+    world = ShapesWorld(size=size, num_objects=1, radius=RADIUS)
+    blank = np.zeros((size, size, 3), dtype=np.uint8)
+    return world.render([SceneObject("red", shape)], np.array([centre]), blank).any(axis=-1)
+
+
+def iou(a: np.ndarray, b: np.ndarray) -> float:
+    union = np.logical_or(a, b).sum()
+    return float(np.logical_and(a, b).sum() / union) if union else 0.0
+
+
+def gold_accuracy(
+    generator: ImageGenerator, prompt_list: list[str], images_per_prompt: int, num_steps: int, seed: int
+) -> dict[str, float]:
+    """ODE samples of each prompt from fixed-seed noise: the share the verifier passes and the mean score."""
+    repeated = [prompt for prompt in prompt_list for _ in range(images_per_prompt)]
+    images = sample_deterministic(generator, repeated, num_steps, seed)
+    verdicts = [verify(image, prompt) for image, prompt in zip(images, repeated)]
+    return {
+        "accuracy": float(np.mean([verdict.correct for verdict in verdicts])),
+        "score": float(np.mean([verdict.score for verdict in verdicts])),
+    }
+
+
+# ----------------------------------------------------------------------------- rewards (`kind: function`)
+
+
+def verifier_score(request: RewardRequest) -> RewardResult:
+    """The soft verifier score of the request's last frame, in [0, 1]: GRPO's trained reward."""
+    verdict = verify(request.frames[-1], request.text)
+    return RewardResult(verdict.score, info=verdict.info())
+
+
+def accuracy(request: RewardRequest) -> float:
+    """1.0 when the last frame passes every check, else 0.0: the gold metric."""
+    return float(verify(request.frames[-1], request.text).correct)

@@ -1,0 +1,124 @@
+"""The ShapesWorld text-to-image benchmark: split, gold verifier, from-scratch base model, GRPO on it."""
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from generation.config import GRPOConfig
+from generation.models import load_tiny_generator
+from generation.pretrain import PretrainConfig, run_pretrain
+from generation.sampling import sample_deterministic
+from generation.shapes_eval import best_of_n, load_policy
+from generation.shapes_t2i import ShapePrompt, prompts, render, verify
+from generation.train import run_grpo
+from vlm_rewards.data.synthetic import COLORS, GOALS, SHAPES
+from vlm_rewards.interface import RewardRequest
+from vlm_rewards.registry import build_reward
+from vlm_rewards.testing import check_reward
+
+VERIFIER = {"kind": "function", "function": "generation.shapes_t2i:verifier_score", "value_range": [0, 1]}
+REDNESS = {"kind": "function", "function": "generation.rule_rewards:redness", "value_range": [-1, 1]}
+ACCURACY = {"kind": "function", "function": "generation.shapes_t2i:accuracy", "value_range": [0, 1]}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_held_out_triples_leave_every_pair_of_attributes_in_training():
+    train, held_out = prompts("train"), prompts("held_out")
+    assert len(prompts()) == 90 and len(held_out) == 15 and set(train) | set(held_out) == set(prompts())
+    seen = [ShapePrompt.parse(text) for text in train]
+    for first, second in itertools.combinations(("color", "shape", "region"), 2):
+        pairs = {(getattr(p, first), getattr(p, second)) for p in seen}
+        assert len(pairs) == {"color": 6, "shape": 3, "region": 5}[first] * {"shape": 3, "region": 5}[second]
+
+
+@pytest.mark.parametrize("size", [32, 64])
+def test_verifier_passes_every_ground_truth_render(size):
+    rng = np.random.default_rng(0)
+    for prompt in prompts():
+        verdict = verify(render(prompt, rng, size), prompt)
+        assert verdict.correct and verdict.score == pytest.approx(1.0), (prompt, verdict)
+
+
+@pytest.mark.parametrize("attribute", ["color", "region", "shape"])
+def test_verifier_fails_renders_of_the_wrong_colour_position_or_shape(attribute):
+    rng = np.random.default_rng(1)
+    options = {"color": COLORS, "region": GOALS, "shape": SHAPES}[attribute]
+    for prompt in prompts()[::7]:
+        asked = ShapePrompt.parse(prompt)
+        for value in options:
+            if value == getattr(asked, attribute):
+                continue
+            shown = ShapePrompt(**{**vars(asked), attribute: value})
+            verdict = verify(render(shown.text, rng), prompt)
+            assert not verdict.correct, (prompt, shown.text, verdict)
+            # a wrong shape keeps half the soft score: the right colour in the right place is worth something
+            assert verdict.score == (0.5 if attribute == "shape" else 0.0), (prompt, shown.text, verdict)
+
+
+def test_verifier_rewards_conform_to_the_interface_and_refuse_other_prompts():
+    rng = np.random.default_rng(2)
+    requests = [RewardRequest(render(p, rng)[None], p) for p in prompts()[:6]]
+    for config in (VERIFIER, ACCURACY):
+        reward = build_reward(config)
+        check_reward(reward, requests)
+        assert [result.reward for result in reward.score(requests)] == [1.0] * 6
+    with pytest.raises(ValueError, match="expected 'a <colour> <shape> in the <region>'"):
+        build_reward(VERIFIER).score([RewardRequest(requests[0].frames, "a red dog in the top left")])
+
+
+def test_pretrained_base_saves_a_folder_that_grpo_trains(tmp_path):
+    model = {"resolution": 16, "layers": 1, "heads": 2, "head_dim": 8, "text_dim": 16, "patch_size": 2}
+    pretrain = PretrainConfig(
+        output_dir=tmp_path / "base", model=model, steps=3, batch_size=4, warmup_steps=1, eval_num_steps=2,
+        eval_images_per_prompt=1,
+    )  # fmt: skip
+    history = run_pretrain(pretrain)
+    assert [step for step, _ in history["eval/held_out/accuracy"]] == [3]
+    folder = tmp_path / "base" / "model"
+    loaded = load_tiny_generator(folder)
+    assert loaded.latent_shape == (3, 16, 16) and not any(p.requires_grad for p in loaded.text_encoder.parameters())
+    again = load_tiny_generator(folder)
+    held_out = prompts("held_out")[:2]
+    np.testing.assert_array_equal(
+        sample_deterministic(loaded, held_out, 2, seed=0), sample_deterministic(again, held_out, 2, seed=0)
+    )
+
+    config = GRPOConfig.model_validate(
+        {
+            "output_dir": str(tmp_path / "grpo"),
+            "model": {"family": "flow", "trained_tiny": str(folder)},
+            "sampling": {"num_steps": 3, "eval_num_steps": 2, "window_size": 1},
+            "rewards": {
+                # 3 pretraining steps draw nothing the verifier passes: redness makes the groups differ
+                "trained": [{"name": "verifier", "config": VERIFIER}, {"name": "redness", "config": REDNESS}],
+                "gold": [{"name": "accuracy", "config": ACCURACY}],
+            },
+            "train": {"prompts": held_out, "eval_prompts": held_out, "eval_images_per_prompt": 2, "epochs": 1,
+                      "group_size": 4, "sample_batch_size": 8, "batches_per_epoch": 1, "train_batch_size": 8},
+            "eval_every": 1,
+            "checkpoint_every": 1,
+        }
+    )  # fmt: skip
+    run_grpo(config)
+    metrics = [json.loads(line) for line in (tmp_path / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["epoch"] for m in metrics] == [0, 1]  # the base model is evaluated before training
+    assert "eval/gold/accuracy" in metrics[0] and "gold/accuracy/mean" in metrics[1]
+
+    # shapes_eval reloads the trained policy from the checkpoint and reproduces the run's own evaluation
+    policy = load_policy(config, tmp_path / "grpo" / "checkpoints" / "epoch_000001")
+    assert any(p.abs().sum() > 0 for n, p in policy.denoiser.named_parameters() if "lora_B" in n)
+    accuracies = best_of_n(policy, held_out, samples=2, ns=[1, 2], num_steps=2, seed=config.seed)
+    assert set(accuracies) == {1, 2} and accuracies[1] == metrics[1]["eval/gold/accuracy"]
+
+    with pytest.raises(ValueError, match="is a 'flow' model, not 'flux'"):
+        run_grpo(config.model_copy(update={"model": config.model.model_copy(update={"family": "flux"})}))

@@ -87,7 +87,7 @@ class PipelineConfig(JobConfig):
     preference_stage: TrainRMConfig | None = pydantic.Field(default_factory=_default_stage1)  # None: skip
     progress_rm: TrainRMConfig = pydantic.Field(default_factory=_default_progress_rm)
     rl: RLConfig = pydantic.Field(default_factory=_default_rl)
-    conditions: list[Condition] = ["sparse", "learned"]
+    conditions: list[Condition] = ["sparse", "dense", "learned"]
     seeds: list[int] = [0]
     hacking_rise: float = 0.2  # flagged: learned progress rose by this much while success stayed below 0.2
 
@@ -372,6 +372,12 @@ def write_report(
         "| --- | " + " | ".join("---" for _ in rm_metrics) + " |",
     ]
     lines += [f"| {key} | " + " | ".join(_fmt(m.get(key)) for m in rm_metrics.values()) + " |" for key in keys]
+    lines += [
+        "",
+        "An RM that reads the frames has VOC expert near 1 and VOC reversed near −1, and its own instruction "
+        "beats another's (mismatch_accuracy near 1); VOC reversed close to VOC expert means it scores by frame "
+        "position, not by what it sees.",
+    ]
     lines += [
         "",
         "## RL: success rate on the fixed evaluation seeds",

@@ -12,6 +12,15 @@ if "PYTEST_XDIST_WORKER" in os.environ:
     torch.set_num_threads(1)
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny models run far faster on one thread than on oversubscribed OpenMP threads (outside xdist too)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def world() -> ShapesWorld:
     return ShapesWorld(size=56)

@@ -17,14 +17,7 @@ from generation.sde import (
     sde_step_with_logprob,
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Small tensors run far faster on one thread than on oversubscribed OpenMP threads."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def flow_scheduler(steps: int = 10, shift: float = 3.0) -> FlowMatchEulerDiscreteScheduler:

@@ -19,14 +19,7 @@ from generation.sampling import Rollout, SamplerSettings, sample_rollout
 from generation.train import add_lora, build_generator, negative_embeddings, run_grpo, step_loss, update_policy
 from vlm_rewards.interface import BaseReward, RewardResult, RewardSpec
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """Tiny models run far faster on one thread than on oversubscribed OpenMP threads."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 REDNESS = {"kind": "function", "function": "generation.rule_rewards:redness", "value_range": [-1, 1]}

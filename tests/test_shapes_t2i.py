@@ -5,7 +5,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 from generation.config import GRPOConfig
 from generation.models import load_tiny_generator
@@ -24,12 +23,7 @@ REDNESS = {"kind": "function", "function": "generation.rule_rewards:redness", "v
 ACCURACY = {"kind": "function", "function": "generation.shapes_t2i:accuracy", "value_range": [0, 1]}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_held_out_triples_leave_every_pair_of_attributes_in_training():

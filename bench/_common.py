@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import os
 import platform
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 import transformers
+import typer
+from rich.console import Console
 from transformers import AutoConfig, AutoModel, PretrainedConfig, Qwen2_5_VLConfig
 
+from vlm_rewards.io import write_json
 from vlm_rewards.models.backbones import build_tiny_backbone, load_backbone
 from vlm_rewards.models.reward_network import RewardNetwork, RewardNetworkConfig
 
@@ -111,3 +115,15 @@ def build_model(
     with torch.device(device):
         backbone = AutoModel.from_config(config, dtype=dtype, **options)
     return RewardNetwork(backbone, processor, reward_config).to(device).eval()
+
+
+def finish(
+    result: dict[str, Any], output: Path, print_result: Callable[[dict[str, Any], Console], None], passed: bool = True
+) -> None:
+    """Print the result, write it as JSON to `output`, and exit with code 1 if the bench's output check failed."""
+    console = Console()
+    print_result(result, console)
+    write_json(output, result)
+    console.print(f"wrote {output}")
+    if not passed:
+        raise typer.Exit(code=1)

@@ -373,7 +373,7 @@ def main(
     """Time the whole annotation job against the reward alone on decoded frames, and decoding alone."""
     import transformers
 
-    from vlm_rewards.io import write_json
+    from bench._common import finish
 
     if preset not in FRAME_SIZES:
         raise typer.BadParameter(f"expected one of {', '.join(FRAME_SIZES)}", param_hint="--preset")
@@ -386,12 +386,7 @@ def main(
                          repeats=repeats, report=report, threads=threads, num_layers=num_layers, seed=seed)  # fmt: skip
     with tempfile.TemporaryDirectory() as workdir:
         result = run_benchmark(config, Path(workdir))
-    console = Console()
-    print_result(result, console)
-    write_json(output, result)
-    console.print(f"wrote {output}")
-    if not result["check"]["equal"]:
-        raise typer.Exit(code=1)
+    finish(result, output, print_result, passed=result["check"]["equal"])
 
 
 if __name__ == "__main__":

@@ -58,13 +58,12 @@ from generation.shapes_t2i import prompts as shapes_prompts
 from generation.train import add_lora, build_generator, update_policy
 from vlm_rewards.config import load_job_config
 from vlm_rewards.interface import BaseReward, RewardResult, RewardSpec
-from vlm_rewards.io import write_json
 from vlm_rewards.registry import build_reward
 
 if __package__:  # imported as bench.grpo_step (the tests)
-    from bench._common import machine
+    from bench._common import finish, machine
 else:  # run as a script: bench/ is on sys.path
-    from _common import machine
+    from _common import finish, machine
 
 Preset = Literal["tiny", "sd3_5_medium"]
 VERIFIER = {"kind": "function", "function": "generation.shapes_t2i:verifier_score", "value_range": [0, 1]}
@@ -307,8 +306,7 @@ def main(
         threads=threads,
         seed=seed,
     )
-    print_result(result, Console())
-    write_json(output, result)
+    finish(result, output, print_result)
 
 
 if __name__ == "__main__":

@@ -48,14 +48,13 @@ from robotics.config import EnvConfig
 from robotics.envs import make_env
 from robotics.reward_wrapper import RewardWrapperConfig, SB3VecReward
 from vlm_rewards.interface import RewardModel
-from vlm_rewards.io import write_json
 from vlm_rewards.models.reward_network import TrainedRewardModel, resolve_device, resolve_dtype
 from vlm_rewards.registry import build_reward
 
 if __package__:  # imported as bench.rl_reward_overhead (the tests)
-    from bench._common import Preset, build_model, machine
+    from bench._common import Preset, build_model, finish, machine
 else:  # run as a script: bench/ is on sys.path
-    from _common import Preset, build_model, machine
+    from _common import Preset, build_model, finish, machine
 
 MODES = ("sync", "async", "every_k", "relabel")
 TARGET = 0.25  # the bound on the tiny RM's overhead on CPU
@@ -247,12 +246,7 @@ def main(
     )  # fmt: skip
     with tempfile.TemporaryDirectory() as workdir:
         result = run_benchmark(config, Path(workdir))
-    console = Console()
-    print_result(result, console)
-    write_json(output, result)
-    console.print(f"wrote {output}")
-    if not result["modes_match_sync"]:
-        raise typer.Exit(code=1)
+    finish(result, output, print_result, passed=result["modes_match_sync"])
 
 
 if __name__ == "__main__":

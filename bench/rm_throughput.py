@@ -41,14 +41,13 @@ from rich.table import Table
 
 from vlm_rewards.data.synthetic import ShapesWorld
 from vlm_rewards.interface import RewardRequest
-from vlm_rewards.io import write_json
 from vlm_rewards.models.inputs import ClipBatch
 from vlm_rewards.models.reward_network import RewardNetwork, resolve_device, resolve_dtype
 
 try:  # run as a script: bench/ is on sys.path
-    from _common import Preset, build_model, machine
+    from _common import Preset, build_model, finish, machine
 except ModuleNotFoundError:  # imported as `bench.rm_throughput` (the tests)
-    from bench._common import Preset, build_model, machine
+    from bench._common import Preset, build_model, finish, machine
 
 FRAME_SIZES: dict[str, int] = {"tiny": 112, "qwen2_5_vl_3b": 224}
 # Largest per-frame ‖h_prefix − h_one_pass‖ / ‖h_one_pass‖ of readout hidden states accepted as the same
@@ -403,12 +402,7 @@ def main(
     )
     with tempfile.TemporaryDirectory() as workdir:
         result = run_benchmark(config, Path(workdir))
-    console = Console()
-    print_result(result, console)
-    write_json(output, result)
-    console.print(f"wrote {output}")
-    if not result["scoring"]["prefix_loop_matches"]:
-        raise typer.Exit(code=1)
+    finish(result, output, print_result, passed=result["scoring"]["prefix_loop_matches"])
 
 
 if __name__ == "__main__":

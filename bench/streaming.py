@@ -36,15 +36,14 @@ from rich.console import Console
 from rich.table import Table
 
 from vlm_rewards.interface import RewardRequest
-from vlm_rewards.io import write_json
 from vlm_rewards.models.backbones import FAMILIES, build_tiny_backbone
 from vlm_rewards.models.reward_network import RewardNetwork, RewardNetworkConfig
 from vlm_rewards.models.streaming import KVCacheSession
 
 try:  # run as a script: bench/ is on sys.path
-    from _common import machine
+    from _common import finish, machine
 except ModuleNotFoundError:  # imported as `bench.streaming` (the tests)
-    from bench._common import machine
+    from bench._common import finish, machine
 
 TOLERANCE = 1e-4  # largest |streamed − rescored| progress accepted as the same output (float32)
 TEXT = "pick up the red block and place it on the green plate"
@@ -203,12 +202,7 @@ def main(
             threads=threads,
             seed=seed,
         )
-    console = Console()
-    print_result(result, console)
-    write_json(output, result)
-    console.print(f"wrote {output}")
-    if not result["streaming_matches"]:
-        raise typer.Exit(code=1)
+    finish(result, output, print_result, passed=result["streaming_matches"])
 
 
 if __name__ == "__main__":

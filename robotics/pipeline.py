@@ -28,6 +28,7 @@ import yaml
 
 from robotics.collect import Track
 from robotics.config import CollectConfig, EnvConfig, RLConfig
+from robotics.rl import read_jsonl, run_rl
 from vlm_rewards.config import JobConfig
 from vlm_rewards.training.config import TrainRMConfig
 
@@ -166,8 +167,6 @@ class Pipeline:
         return metrics
 
     def run_rl(self, reward_yaml: Path) -> dict[str, list[Path]]:
-        from robotics.rl import run_rl
-
         runs: dict[str, list[Path]] = {}
         for condition in self.config.conditions:
             for seed in self.config.seeds:
@@ -228,13 +227,9 @@ class Pipeline:
 # ---------------------------------------------------------------------- report
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line] if path.is_file() else []
-
-
 def success_statistics(run_dirs: list[Path]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Eval steps and the mean and std of the success rate over runs (on the steps all runs share)."""
-    histories = [{e["timesteps"]: e["success_rate"] for e in _read_jsonl(d / "eval.jsonl")} for d in run_dirs]
+    histories = [{e["timesteps"]: e["success_rate"] for e in read_jsonl(d / "eval.jsonl")} for d in run_dirs]
     steps = sorted(set.intersection(*(set(h) for h in histories)))
     rates = np.array([[h[s] for s in steps] for h in histories])
     return np.array(steps), rates.mean(axis=0), rates.std(axis=0)
@@ -247,8 +242,8 @@ def steps_to_reach(steps: np.ndarray, rates: np.ndarray, level: float = 0.8) -> 
 
 def hacking_check(run_dir: Path, rise: float) -> dict:
     """Learned progress up while the true success stays flat: the reward was exploited."""
-    monitor = _read_jsonl(run_dir / "monitor.jsonl")
-    evals = _read_jsonl(run_dir / "eval.jsonl")
+    monitor = read_jsonl(run_dir / "monitor.jsonl")
+    evals = read_jsonl(run_dir / "eval.jsonl")
     if len(monitor) < 4 or not evals:
         return {}
     progress = np.array([m["reward/learned_progress"] for m in monitor], dtype=float)
@@ -298,7 +293,7 @@ def _plot(root: Path, runs: dict[str, list[Path]], voc_history: dict[str, list[d
     if learned:
         figure, axis = plt.subplots(figsize=(6, 4))
         for run_dir in learned:
-            monitor = _read_jsonl(run_dir / "monitor.jsonl")
+            monitor = read_jsonl(run_dir / "monitor.jsonl")
             axis.plot(
                 [m["timesteps"] for m in monitor],
                 [np.nan if m["reward/corr_progress_true"] is None else m["reward/corr_progress_true"] for m in monitor],

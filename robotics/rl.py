@@ -49,7 +49,7 @@ class RLRun:
         self.reward = reward if reward is not None else build_rl_reward(config)
         self.venv, self.streams = self._make_training_env()
         self.model = self._make_or_load_model()
-        self.eval_history = self._read_jsonl(self.dir / "eval.jsonl")
+        self.eval_history = read_jsonl(self.dir / "eval.jsonl")
 
     # ------------------------------------------------------------------ setup
 
@@ -155,9 +155,10 @@ class RLRun:
     def close(self) -> None:
         self.venv.close()
 
-    @staticmethod
-    def _read_jsonl(path: Path) -> list[dict]:
-        return [json.loads(line) for line in path.read_text().splitlines() if line] if path.is_file() else []
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The records of a run's .jsonl log (eval.jsonl, monitor.jsonl); none if it does not exist yet."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line] if path.is_file() else []
 
 
 def plot_learning_curves(run_dir: Path) -> Path:
@@ -168,8 +169,8 @@ def plot_learning_curves(run_dir: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    evals = RLRun._read_jsonl(run_dir / "eval.jsonl")
-    monitor = RLRun._read_jsonl(run_dir / "monitor.jsonl")
+    evals = read_jsonl(run_dir / "eval.jsonl")
+    monitor = read_jsonl(run_dir / "monitor.jsonl")
     panels = 2 if monitor else 1
     figure, axes = plt.subplots(1, panels, figsize=(5 * panels, 3.5), squeeze=False)
     axes[0, 0].plot([e["timesteps"] for e in evals], [e["success_rate"] for e in evals], marker="o")

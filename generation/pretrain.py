@@ -21,7 +21,7 @@ import pydantic
 import torch
 
 from generation.config import ModelSettings, TinyModel
-from generation.models import ImageGenerator, predict, save_tiny_generator
+from generation.models import ImageGenerator, PromptEmbeddings, predict, save_tiny_generator
 from generation.shapes_t2i import Split, gold_accuracy, prompts, render
 from generation.train import build_generator
 from vlm_rewards.config import JobConfig
@@ -64,7 +64,7 @@ def run_pretrain(config: PretrainConfig, track: Callable[..., Iterable] | None =
     for step in track(steps, "pretrain steps") if track else steps:
         batch = [str(prompt) for prompt in rng.choice(train_prompts, size=config.batch_size)]
         images = np.stack([render(prompt, rng, config.model.resolution) for prompt in batch])
-        loss = flow_matching_loss(generator, batch, images, noise_rng)
+        loss = flow_matching_loss(generator, text_encoder(batch), images, noise_rng)
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(parameters, 1.0)
@@ -79,16 +79,25 @@ def run_pretrain(config: PretrainConfig, track: Callable[..., Iterable] | None =
 
 
 def flow_matching_loss(
-    generator: ImageGenerator, batch: list[str], images: np.ndarray, noise_rng: torch.Generator
+    generator: ImageGenerator,
+    embeddings: PromptEmbeddings,
+    images: np.ndarray,
+    noise_rng: torch.Generator,
+    weights: torch.Tensor | None = None,
+    denoiser: torch.nn.Module | None = None,
 ) -> torch.Tensor:
-    """Rectified-flow velocity regression on (B, H, W, 3) uint8 images, gradients into the text encoder too."""
+    """Rectified-flow velocity regression on (B, H, W, 3) uint8 images, optionally weighted per image.
+
+    `denoiser` defaults to the generator's (pass a LoRA-wrapped one to train only its adapter).
+    """
     clean = torch.from_numpy(images).permute(0, 3, 1, 2).float() / 127.5 - 1
     noise = torch.randn(clean.shape, generator=noise_rng)
     sigma = torch.sigmoid(torch.randn(len(clean), generator=noise_rng)).reshape(-1, 1, 1, 1)
     noisy = (1 - sigma) * clean + sigma * noise
     timestep = sigma.flatten() * generator.scheduler.config.num_train_timesteps
-    velocity = predict(generator.denoiser, generator.family, noisy, timestep, generator.text_encoder(batch))
-    return torch.nn.functional.mse_loss(velocity, noise - clean)
+    velocity = predict(denoiser or generator.denoiser, generator.family, noisy, timestep, embeddings)
+    per_image = (velocity - (noise - clean)).pow(2).flatten(1).mean(dim=1)
+    return per_image.mean() if weights is None else (weights * per_image).mean()
 
 
 def evaluate_splits(generator: ImageGenerator, config: PretrainConfig) -> dict[str, float]:

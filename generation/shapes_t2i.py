@@ -91,8 +91,12 @@ def render(prompt: str, rng: np.random.Generator, size: int = 32) -> np.ndarray:
 class Verdict:
     area: float  # the prompted colour's area / the prompted shape's area
     distance: float  # its centroid to the region centre, in image sides (√2 when the colour is absent)
-    shape_matches: bool  # the prompted shape's template overlaps the colour best
+    shape_margin: float  # IoU of the prompted shape's template − the best other template's (> 0: it matches)
     clutter: float  # the largest other colour's area / the prompted shape's area
+
+    @property
+    def shape_matches(self) -> bool:
+        return self.shape_margin > 0
 
     @property
     def correct(self) -> bool:
@@ -105,14 +109,14 @@ class Verdict:
 
     @property
     def score(self) -> float:
+        shape = 1.0 if self.shape_matches else 0.5
         presence = min(1.0, self.area / MIN_AREA)
         position = float(np.clip((MAX_DISTANCE + 0.1 - self.distance) / 0.1, 0.0, 1.0))
-        shape = 1.0 if self.shape_matches else 0.5
         tidiness = float(np.clip(1.0 - self.clutter, 0.0, 1.0))
         return presence * position * shape * tidiness
 
     def info(self) -> dict[str, float | bool]:
-        return {"area": self.area, "distance": self.distance, "shape_matches": self.shape_matches,
+        return {"area": self.area, "distance": self.distance, "shape_margin": self.shape_margin,
                 "clutter": self.clutter, "correct": self.correct}  # fmt: skip
 
 
@@ -126,13 +130,14 @@ def verify(image: np.ndarray, prompt: str) -> Verdict:
     others = [np.sum(labels == index) for index in range(len(COLORS)) if index != list(COLORS).index(parsed.color)]
     clutter = float(max(others) / shape_area)
     if not mask.any():
-        return Verdict(0.0, float(np.sqrt(2)), False, clutter)
+        return Verdict(0.0, float(np.sqrt(2)), -1.0, clutter)
     centroid = centroid_of(mask)
     overlaps = {shape: iou(mask, template_at_centroid(shape, centroid, size)) for shape in SHAPES}
+    best_other = max(overlap for shape, overlap in overlaps.items() if shape != parsed.shape)
     return Verdict(
         area=float(mask.sum() / shape_area),
         distance=float(np.linalg.norm(centroid - np.array(GOALS[parsed.region]))),
-        shape_matches=max(overlaps, key=overlaps.get) == parsed.shape,
+        shape_margin=overlaps[parsed.shape] - best_other,
         clutter=clutter,
     )
 

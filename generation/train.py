@@ -43,9 +43,19 @@ from generation.sde import gaussian_log_prob, gaussian_mean_kl
 
 logger = logging.getLogger(__name__)
 
+# one epoch of sampling and updating: (accelerator, generator, denoiser, optimizer, rewards, config, epoch, ema)
+EpochStep = Callable[..., dict[str, float]]
 
-def run_grpo(config: GRPOConfig, track: Callable[..., Iterable] | None = None) -> dict[str, list]:
-    """Train; returns the history (metric -> [(epoch, value)]). `track` wraps the epoch loop (a progress bar)."""
+
+def run_grpo(
+    config: GRPOConfig, track: Callable[..., Iterable] | None = None, epoch_step: EpochStep | None = None
+) -> dict[str, list]:
+    """Train; returns the history (metric -> [(epoch, value)]). `track` wraps the epoch loop (a progress bar).
+
+    `epoch_step` is one epoch of sampling and updating (`grpo_epoch` by default; `generation.rwr` passes
+    reward-weighted regression's): everything around it (LoRA, evaluation, checkpoints, resume) is shared.
+    """
+    epoch_step = epoch_step or grpo_epoch
     rewards = build_rewards(config)  # bad reward configs fail before any model is built
     accelerator = Accelerator(
         mixed_precision=config.mixed_precision,
@@ -66,7 +76,7 @@ def run_grpo(config: GRPOConfig, track: Callable[..., Iterable] | None = None) -
         record(accelerator, config, history, evaluate(accelerator, generator, rewards, config, 0), 0)
     epochs = range(start_epoch, config.train.epochs)
     for epoch in track(epochs, "grpo epochs") if track else epochs:
-        logs = grpo_epoch(accelerator, generator, denoiser, optimizer, rewards, config, epoch, ema)
+        logs = epoch_step(accelerator, generator, denoiser, optimizer, rewards, config, epoch, ema)
         if config.eval_every and (epoch + 1) % config.eval_every == 0:
             with ema.applied() if ema is not None else nullcontext():
                 logs |= evaluate(accelerator, generator, rewards, config, epoch + 1)
@@ -136,6 +146,7 @@ def update_policy(
     generator.scheduler.set_timesteps(config.sampling.num_steps, device=accelerator.device)
     rng = np.random.default_rng(derived_seed(config.seed, epoch, "shuffle", accelerator.process_index))
     step_logs: list[dict[str, float]] = []
+    agreement = GradientAgreement()
     for _ in range(config.train.inner_epochs):
         order = rng.permutation(kept)
         for start in range(0, len(order), config.train.train_batch_size):
@@ -150,12 +161,36 @@ def update_policy(
                     accelerator.backward(loss)
                     if accelerator.sync_gradients:
                         accelerator.clip_grad_norm_(denoiser.parameters(), config.train.grad_clip)
+                        agreement.add(denoiser)
                     optimizer.step()
                     optimizer.zero_grad()
                     if ema is not None and accelerator.sync_gradients:
                         ema.update()
                 step_logs.append(logs)
-    return {f"train/{name}": float(np.mean([logs[name] for logs in step_logs])) for name in step_logs[0]}
+    means = {f"train/{name}": float(np.mean([logs[name] for logs in step_logs])) for name in step_logs[0]}
+    return means | agreement.logs()
+
+
+class GradientAgreement:
+    """Cosine similarity of consecutive minibatch gradients: how much of an update is signal.
+
+    Near 0 means each minibatch points somewhere else (the policy gradient is mostly noise at this
+    batch size, and Adam steps random-walk the weights); a persistent positive value means the
+    minibatches agree on a direction.
+    """
+
+    def __init__(self) -> None:
+        self.previous: torch.Tensor | None = None
+        self.cosines: list[float] = []
+
+    def add(self, module: torch.nn.Module) -> None:
+        gradient = torch.cat([p.grad.detach().flatten() for p in module.parameters() if p.grad is not None])
+        if self.previous is not None:
+            self.cosines.append(torch.nn.functional.cosine_similarity(gradient, self.previous, dim=0).item())
+        self.previous = gradient
+
+    def logs(self) -> dict[str, float]:
+        return {"train/gradient_cosine": float(np.mean(self.cosines))} if self.cosines else {}
 
 
 def step_loss(

@@ -16,7 +16,15 @@ from generation.grpo import Advantages
 from generation.models import build_tiny_generator, check_generator, predict
 from generation.rewards import RewardSet, collect_rollouts
 from generation.sampling import Rollout, SamplerSettings, sample_rollout
-from generation.train import add_lora, build_generator, negative_embeddings, run_grpo, step_loss, update_policy
+from generation.train import (
+    GradientAgreement,
+    add_lora,
+    build_generator,
+    negative_embeddings,
+    run_grpo,
+    step_loss,
+    update_policy,
+)
 from vlm_rewards.interface import BaseReward, RewardResult, RewardSpec
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -77,6 +85,16 @@ def test_importance_ratio_is_one_on_the_first_update(tmp_path, model, sampling):
         assert logs["ratio_max_deviation"] < 1e-5
 
 
+def test_gradient_agreement_is_the_mean_cosine_of_consecutive_gradients():
+    layer = torch.nn.Linear(2, 1, bias=False)
+    agreement = GradientAgreement()
+    assert agreement.logs() == {}
+    for gradient in ([1.0, 0.0], [2.0, 0.0], [0.0, 3.0]):  # cosines 1, then 0
+        layer.weight.grad = torch.tensor([gradient])
+        agreement.add(layer)
+    assert agreement.logs() == {"train/gradient_cosine": pytest.approx(0.5)}
+
+
 def test_sde_window_records_only_its_steps_and_same_noise_groups_share_the_prefix():
     generator = build_tiny_generator("flow")
     settings = SamplerSettings(num_steps=6, window_size=2, window_starts=(3, 4), same_noise_in_group=True)
@@ -131,6 +149,7 @@ def test_a_training_step_with_a_rule_reward_changes_the_lora_weights_and_resumes
     assert history["zero_std_ratio"] == [(1, 0.0)] and not math.isnan(history["train/policy_loss"][0][1])
     assert history["train/ratio_mean"][0][1] == pytest.approx(1.0, abs=0.05)
     assert "eval/reward/redness" in history and (tmp_path / "eval" / "epoch_0001.png").is_file()
+    assert -1 <= history["train/gradient_cosine"][0][1] <= 1  # two minibatches of 8: one pair to compare
     weights = load_file(tmp_path / "checkpoints" / "epoch_000001" / "model.safetensors")
     lora_b = [value for name, value in weights.items() if "lora_B" in name]
     assert lora_b and any(value.abs().sum() > 0 for value in lora_b)  # peft initialises lora_B to zero

@@ -214,7 +214,6 @@ def rewards() -> None:
         console.print(f"  {path.stem:<28} {path}")
 
 
-
 @app.command("serve")
 def serve_reward(args: JobArgs = None) -> None:
     """Serve a reward over HTTP on Ray Serve (dynamic batching, replicas): `vlmr serve REWARD [key=value ...]`."""
@@ -223,7 +222,6 @@ def serve_reward(args: JobArgs = None) -> None:
     with clean_errors():
         job_args = serve_job_args(args)
     run_config_job(ServeConfig, run_serve_job, job_args)
-
 
 
 @app.command()
@@ -283,6 +281,14 @@ def grpo(args: JobArgs = None) -> None:
     from generation.train import run_grpo
 
     run_config_job(GRPOConfig, lambda config: run_grpo(config, tqdm_track), args)
+
+
+@app.command()
+def rwr(args: JobArgs = None) -> None:
+    """Reward-weighted regression on a GRPO config's prompts and rewards: GRPO's baseline at equal sampled images."""
+    from generation.rwr import RWRConfig, run_rwr
+
+    run_config_job(RWRConfig, lambda config: run_rwr(config, tqdm_track), args)
 
 
 @app.command("pretrain-generator")

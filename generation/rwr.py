@@ -1,0 +1,107 @@
+"""`vlmr rwr`: reward-weighted regression, the fine-tuning baseline GRPO is compared with.
+
+An RWR run reads a GRPO config and draws exactly the images GRPO would per epoch (`train.prompts`,
+`group_size`, `sample_batch_size`, `batches_per_epoch`, `epochs`), so the two compare at an equal
+number of sampled images. Its policy is the deterministic ODE sampler from fresh noise (each image of a
+group its own noise), so the SDE settings do not apply. Each epoch it scores the images with the
+trained rewards, turns them into the same per-prompt advantages A as GRPO, and fits the LoRA with the
+flow-matching loss on its own samples weighted by exp(A / temperature) (normalised to mean 1): a
+supervised step towards the better samples instead of a policy gradient. Evaluation, checkpoints and
+resume are GRPO's (`generation.train.run_grpo` with this epoch step).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+
+import numpy as np
+import pydantic
+import torch
+from accelerate import Accelerator
+
+from generation.config import GRPOConfig
+from generation.ema import ParameterEMA
+from generation.grpo import combined_advantages, reward_diagnostics
+from generation.models import ImageGenerator
+from generation.pretrain import flow_matching_loss
+from generation.rewards import RewardSet, collect_rollouts
+from generation.sampling import Rollout, sample_rollout
+from generation.train import batch_prompts, derived_seed, run_grpo
+
+
+class RWRConfig(GRPOConfig):
+    temperature: float = pydantic.Field(1.0, gt=0)  # sample weights exp(advantage / temperature)
+
+
+def run_rwr(config: RWRConfig, track: Callable[..., Iterable] | None = None) -> dict[str, list]:
+    """Train; returns the history (metric -> [(epoch, value)]), as `run_grpo` does."""
+    if config.mixed_precision != "no" or config.sampling.guidance_scale > 1:
+        raise ValueError("rwr: mixed precision and CFG are not supported; set mixed_precision: no, guidance_scale: 1")
+    # ODE sampling has no SDE window: one "step" per trajectory, so no gradient accumulation either
+    ode_window = config.sampling.model_copy(update={"window_size": 1, "window_starts": None})
+    return run_grpo(config.model_copy(update={"sampling": ode_window}), track, epoch_step=rwr_epoch)
+
+
+def rwr_epoch(
+    accelerator: Accelerator,
+    generator: ImageGenerator,
+    denoiser: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    rewards: RewardSet,
+    config: RWRConfig,
+    epoch: int,
+    ema: ParameterEMA | None = None,
+) -> dict[str, float]:
+    """Sample by ODE, score, weight by exp(advantage / temperature), fit the weighted flow-matching loss."""
+    ode = replace(config.sampling.sampler(), noise_level=0.0, same_noise_in_group=False)
+
+    def sample_batch(batch: int) -> Rollout:
+        seed = derived_seed(config.seed, epoch, batch, accelerator.process_index)
+        return sample_rollout(generator, batch_prompts(config, seed), ode, seed, denoiser)
+
+    denoiser.eval()
+    rollout, scores, timings = asyncio.run(collect_rollouts(sample_batch, config.train.batches_per_epoch, rewards))
+    advantages = combined_advantages(
+        scores.trained, rewards.weights, rollout.prompts, config.rewards.aggregation, config.train.advantage_epsilon
+    )
+    weights = np.exp(advantages.values / config.temperature)
+    weights /= weights.mean()
+    logs = reward_diagnostics(scores.trained, scores.gold) | timings
+    logs |= {"zero_std_ratio": advantages.zero_std_ratio, "rwr/max_weight": float(weights.max())}
+    return logs | fit_weighted(accelerator, generator, denoiser, optimizer, rollout, weights, config, epoch, ema)
+
+
+def fit_weighted(
+    accelerator: Accelerator,
+    generator: ImageGenerator,
+    denoiser: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    rollout: Rollout,
+    weights: np.ndarray,
+    config: RWRConfig,
+    epoch: int,
+    ema: ParameterEMA | None,
+) -> dict[str, float]:
+    """`inner_epochs` passes of minibatches of `train_batch_size` over the epoch's images."""
+    rng = np.random.default_rng(derived_seed(config.seed, epoch, "shuffle", accelerator.process_index))
+    noise_rng = torch.Generator().manual_seed(derived_seed(config.seed, epoch, "noise", accelerator.process_index))
+    losses = []
+    for _ in range(config.train.inner_epochs):
+        order = rng.permutation(len(rollout))
+        for start in range(0, len(order), config.train.train_batch_size):
+            index = order[start : start + config.train.train_batch_size]
+            minibatch = rollout.select(index)
+            minibatch_weights = torch.tensor(weights[index], dtype=torch.float32)
+            loss = flow_matching_loss(
+                generator, minibatch.embeddings, minibatch.images, noise_rng, minibatch_weights, denoiser
+            )
+            optimizer.zero_grad()
+            accelerator.backward(loss)
+            accelerator.clip_grad_norm_(denoiser.parameters(), config.train.grad_clip)
+            optimizer.step()
+            if ema is not None:
+                ema.update()
+            losses.append(loss.item())
+    return {"train/weighted_loss": float(np.mean(losses))}

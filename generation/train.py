@@ -98,6 +98,23 @@ def grpo_epoch(
     ema: ParameterEMA | None = None,
 ) -> dict[str, float]:
     """Sample, score, compute advantages and update; returns the epoch's diagnostics."""
+    rollout, advantages, logs = sample_epoch(accelerator, generator, denoiser, rewards, config, epoch)
+    if advantages.keep.any():
+        logs |= update_policy(accelerator, generator, denoiser, optimizer, rollout, advantages, config, epoch, ema)
+    else:
+        logger.warning("epoch %d: every group has zero reward std; no update", epoch)
+    return logs
+
+
+def sample_epoch(
+    accelerator: Accelerator,
+    generator: ImageGenerator,
+    denoiser: torch.nn.Module,
+    rewards: RewardSet,
+    config: GRPOConfig,
+    epoch: int,
+) -> tuple[Rollout, Advantages, dict[str, float]]:
+    """The epoch's rollouts (scored while the next batch samples), their advantages and diagnostics."""
     denoiser.eval()  # no dropout: the training forward must equal the sampling forward (ratio 1)
 
     def sample_batch(batch: int) -> Rollout:
@@ -123,11 +140,7 @@ def grpo_epoch(
         # DDP needs the same number of backward passes on every process: zero-std samples stay in with
         # advantage 0 (only the KL term acts on them) instead of being dropped
         advantages = replace(advantages, keep=np.ones_like(advantages.keep))
-    if advantages.keep.any():
-        logs |= update_policy(accelerator, generator, denoiser, optimizer, rollout, advantages, config, epoch, ema)
-    else:
-        logger.warning("epoch %d: every group has zero reward std; no update", epoch)
-    return logs
+    return rollout, advantages, logs
 
 
 def update_policy(

@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 
 from generation import sampling
 from generation.config import GRPOConfig
+from generation.diagnostics import epoch_gradient, gradient_agreement
 from generation.grpo import Advantages
 from generation.models import build_tiny_generator, check_generator, predict
 from generation.rewards import RewardSet, collect_rollouts
@@ -20,6 +21,7 @@ from generation.train import (
     GradientAgreement,
     add_lora,
     build_generator,
+    build_rewards,
     negative_embeddings,
     run_grpo,
     step_loss,
@@ -249,3 +251,17 @@ def test_unsupported_model_class_is_refused():
     generator.denoiser = torch.nn.Linear(2, 2)
     with pytest.raises(ValueError, match="Linear is not supported for family 'flow'"):
         check_generator(generator)
+
+
+def test_gradient_agreement_compares_independent_epochs_and_repeats_one_exactly(tmp_path):
+    config = tiny_config(tmp_path)
+    assert gradient_agreement(config, epochs=3)["images_per_gradient"] == 16
+    accelerator = Accelerator()
+    generator = build_generator(config.model)
+    generator.denoiser = add_lora(generator.denoiser, config.model).eval()
+    rewards = build_rewards(config)
+    first, again, other = (
+        epoch_gradient(accelerator, generator, generator.denoiser, rewards, config, epoch) for epoch in (0, 0, 1)
+    )
+    assert first.abs().sum() > 0 and torch.equal(first, again)  # an epoch's samples depend only on its seed
+    assert not torch.equal(first, other)

@@ -49,6 +49,7 @@ from robotics.envs import make_env
 from robotics.reward_wrapper import RewardWrapperConfig, SB3VecReward
 from vlm_rewards.interface import RewardModel
 from vlm_rewards.models.reward_network import TrainedRewardModel, resolve_device, resolve_dtype
+from vlm_rewards.models.streaming import _fast_vision
 from vlm_rewards.registry import build_reward
 
 if __package__:  # imported as bench.rl_reward_overhead (the tests)
@@ -189,8 +190,20 @@ def run_benchmark(config: BenchConfig, workdir: Path) -> dict[str, Any]:
         "config": asdict(config),
         "machine": machine_info,
         "rows": rows,
+        "session_fast_paths": fast_paths(rewards[f"{config.preset}_rm"].model),
         "max_abs_diff_vs_sync": max(diffs, default=0.0),
         "modes_match_sync": all(diff <= TOLERANCES[resolve_dtype(config.dtype, device)] for diff in diffs),
+    }
+
+
+def fast_paths(network) -> dict[str, Any]:
+    """Which of the KV-cache session's checked fast paths ran: numpy pixels per frame size (bit-equal to the
+    image processor), the batched Qwen2.5-VL vision tower (and its largest gap to the tower's forward)."""
+    vision = _fast_vision(network.backbone)
+    return {
+        "pixels_exact": {f"{h}x{w}": exact for (h, w), exact in network.builder.pieces._exact.items()},
+        "pixel_fallback_calls": network.builder.pieces.fallbacks,
+        "vision": None if vision is None else {"enabled": vision.enabled, "max_abs_diff": vision.max_abs_diff},
     }
 
 
@@ -208,6 +221,7 @@ def print_result(result: dict[str, Any], console: Console) -> None:
         table.add_row(str(row["num_envs"]), row["reward"] or "-", row["mode"], f"{row['env_steps_per_s']:.1f}",
                       *overheads, "" if diff is None else f"{diff:.1e}")  # fmt: skip
     console.print(table)
+    console.print(f"session fast paths: {result['session_fast_paths']}")
     rm_rows = [row for row in result["rows"] if row["reward"] == f"{config['preset']}_rm"]
     for kind in ("wall", "cpu"):
         met = [f"{row['num_envs']}x {row['mode']}" for row in rm_rows if row[f"overhead_{kind}"] <= TARGET]

@@ -16,3 +16,6 @@ def test_reduced_overhead_benchmark_runs_every_mode_and_matches_sync(tmp_path):
     assert all(row["num_envs"] == 2 and row["env_steps_per_s"] > 0 for row in rows)
     assert all(row["overhead_wall"] > -1 and row["overhead_cpu"] > -1 for row in rows[1:])
     assert {"cpu", "load_average", "torch_threads"} <= set(result["machine"])
+    fast = result["session_fast_paths"]  # the session's checked fast paths ran (and agreed with what they replace)
+    assert fast["pixels_exact"] and all(fast["pixels_exact"].values()) and fast["pixel_fallback_calls"] == 0
+    assert fast["vision"]["enabled"] and fast["vision"]["max_abs_diff"] < 1e-5

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Literal
 
 import numpy as np
@@ -90,6 +91,11 @@ class ClipInputBuilder:
         self.padding_side = padding_side
         self.vision_end_id = processor.tokenizer.convert_tokens_to_ids(VISION_END)
         self.special_tokens = tuple(processor.tokenizer.all_special_tokens)
+
+    @cached_property
+    def pieces(self) -> PieceEncoder:
+        """A `PieceEncoder` on this builder's processor (streaming sessions share it: it caches tokens)."""
+        return PieceEncoder(self.processor)
 
     def build(
         self,
@@ -232,3 +238,156 @@ class ClipInputBuilder:
             positions[b, : len(indices)] = vision_ends[indices]
             mask[b, : len(indices)] = True
         return positions, mask
+
+
+# ------------------------------------------------------------------------------ fast piece encoding
+
+
+@dataclass(frozen=True)
+class TokenBlock:
+    """The processor's tokens for one piece of text with images: input_ids and mm_token_type_ids, (L,) long each,
+    and the (t, h, w) patch grid of each of its images, in order."""
+
+    input_ids: torch.Tensor
+    mm_token_type_ids: torch.Tensor
+    grids: tuple[tuple[int, int, int], ...]
+
+
+class PieceEncoder:
+    """Model inputs for pieces of `ClipInputBuilder`'s layout, without a processor round trip per call.
+
+    A streaming session runs small pieces (a prefix, or one frame per env) every env step, where the
+    processor's fixed cost (tokenizing, kwargs merging, per-image preprocessing) dominates. Here:
+
+    - tokens: `tokens(text, image_sizes)` is the processor's own output for that text and those image
+      sizes (the ids depend on the sizes, not the pixels), computed once and cached; a piece of frames is
+      the concatenation of its images' blocks (all special tokens, which tokenize separately).
+    - pixels: `pixels(images)` rescales and normalises resized uint8 frames through a (channel, value)
+      table built with the PIL image processor's own numpy float steps, then patchifies them by
+      reshapes, all frames of a size at once; for each frame size the first call is compared with the
+      image processor's output and must be bit-for-bit equal, otherwise (another image processor, other
+      settings) that size always goes through the image processor.
+    """
+
+    MAX_CACHED = 1024
+
+    def __init__(self, processor: ProcessorMixin):
+        self.processor = processor
+        self.image_processor = processor.image_processor
+        self._tokens: dict[tuple[str, tuple[tuple[int, int], ...]], TokenBlock] = {}
+        self._exact: dict[tuple[int, int], bool] = {}  # frame size -> the numpy path matched the processor
+        self.fallbacks = 0  # pixel calls that went through the image processor (after a mismatch)
+
+    def tokens(self, text: str, image_sizes: Sequence[tuple[int, int]] = ()) -> TokenBlock:
+        """The processor's tokens for `text` (IMAGE_PLACEHOLDER once per image) with images of `image_sizes`."""
+        key = (text, tuple((int(h), int(w)) for h, w in image_sizes))
+        block = self._tokens.get(key)
+        if block is None:
+            images = [np.zeros((h, w, 3), np.uint8) for h, w in key[1]]
+            inputs = self.processor(text=[text], images=images or None, do_resize=False, return_tensors="pt")
+            grids = inputs.get("image_grid_thw")
+            block = TokenBlock(
+                inputs["input_ids"][0].clone(),
+                inputs["mm_token_type_ids"][0].long().clone(),
+                tuple(tuple(int(x) for x in grid) for grid in grids.tolist()) if grids is not None else (),
+            )
+            if len(self._tokens) >= self.MAX_CACHED:
+                self._tokens.clear()
+            self._tokens[key] = block
+        return block
+
+    def image_tokens(self, height: int, width: int) -> TokenBlock:
+        """The tokens of one image block (`<|vision_start|><|image_pad|>*n<|vision_end|>`) of a resized frame."""
+        return self.tokens(IMAGE_PLACEHOLDER, ((height, width),))
+
+    def pixels(self, images: Sequence[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(pixel_values, image_grid_thw) of resized (H, W, 3) uint8 `images`, as the image processor gives them
+        with do_resize=False."""
+        by_size: dict[tuple[int, int], list[int]] = {}
+        for index, image in enumerate(images):
+            by_size.setdefault(image.shape[:2], []).append(index)
+        if len(by_size) == 1:  # the common case: every frame one size, no reordering
+            (size,) = by_size
+            return self._pixels_of_size(size, np.stack(images))
+        parts = {size: self._pixels_of_size(size, np.stack([images[i] for i in indices]))
+                 for size, indices in by_size.items()}  # fmt: skip
+        # back to the images' order: each image's rows, in turn
+        values, grids, cursor = [], [], {size: 0 for size in by_size}
+        for image in images:
+            size = image.shape[:2]
+            pixel_values, grid = parts[size]
+            rows = int(grid[0].prod())
+            start = cursor[size]
+            values.append(pixel_values[start * rows : (start + 1) * rows])
+            grids.append(grid[start])
+            cursor[size] = start + 1
+        return torch.cat(values), torch.stack(grids)
+
+    def _pixels_of_size(self, size: tuple[int, int], frames: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        exact = self._exact.get(size)
+        if exact is None:
+            reference = self._processor_pixels(list(frames))
+            fast = self._fast_pixels(frames)
+            exact = fast is not None and all(
+                a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(fast, reference)
+            )
+            self._exact[size] = exact
+            return reference
+        if exact:
+            return self._fast_pixels(frames)
+        self.fallbacks += 1
+        return self._processor_pixels(list(frames))
+
+    def _processor_pixels(self, images: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs = self.image_processor(images=images, do_resize=False, return_tensors="pt")
+        return inputs["pixel_values"], inputs["image_grid_thw"]
+
+    def _fast_pixels(self, frames: np.ndarray) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The PIL image processor's steps, vectorised over (N, H, W, 3) uint8 frames; None if it cannot apply.
+
+        Rescaling and normalising act on each channel value alone, so they are a (channel, 0..255) table
+        computed with the processor's own numpy float steps; patchifying is a reshape."""
+        lut = self._value_table()
+        if lut is None:
+            return None
+        processor = self.image_processor
+        patch, merge, temporal = processor.patch_size, processor.merge_size, processor.temporal_patch_size
+        count, height, width, channels = frames.shape
+        if channels != 3 or height % (patch * merge) or width % (patch * merge):
+            return None
+        values = lut[torch.from_numpy(frames).long() + self._channel_offsets]  # (N, H, W, C) float32
+        grid_h, grid_w = height // patch, width // patch
+        # patchify: (N, C, gh/m, m, p, gw/m, m, p) -> (N, gh/m, gw/m, m, m, C, temporal, p, p)
+        patches = values.permute(0, 3, 1, 2).reshape(
+            count, channels, grid_h // merge, merge, patch, grid_w // merge, merge, patch
+        )
+        patches = patches.permute(0, 2, 5, 3, 6, 1, 4, 7).unsqueeze(6)
+        patches = patches.expand(*patches.shape[:6], temporal, patch, patch)
+        pixel_values = patches.reshape(count * grid_h * grid_w, channels * temporal * patch * patch)
+        grid = torch.tensor([1, grid_h, grid_w], dtype=torch.long).expand(count, 3).clone()
+        return pixel_values, grid
+
+    def _value_table(self) -> torch.Tensor | None:
+        """(3 * 256,) float32: the processed value of channel c, uint8 value v at c * 256 + v (np_rescale then
+        np_normalize, as the PIL image processor does them); None for other image processors."""
+        if hasattr(self, "_lut"):
+            return self._lut
+        processor, lut = self.image_processor, None
+        if getattr(processor, "backend", None) == "pil" and hasattr(processor, "patchify"):
+            values = np.repeat(np.arange(256, dtype=np.uint8)[:, None], 3, axis=1)  # (256, C)
+            if processor.do_rescale:  # np_rescale: multiply in float64, then float32
+                values = (values.astype(np.float64) * processor.rescale_factor).astype(np.float32)
+            else:
+                values = values.astype(np.float32)
+            if processor.do_normalize:  # np_normalize: (x - mean) / std in float32, per channel
+                mean = np.array(_per_channel(processor.image_mean, 3), dtype=np.float32)
+                std = np.array(_per_channel(processor.image_std, 3), dtype=np.float32)
+                values = (values - mean) / std
+            lut = torch.from_numpy(np.ascontiguousarray(values.T)).reshape(-1)
+        self._lut = lut
+        self._channel_offsets = torch.arange(3) * 256
+        return lut
+
+
+def _per_channel(value: float | Sequence[float], channels: int) -> list[float]:
+    return [value] * channels if isinstance(value, int | float) else list(value)

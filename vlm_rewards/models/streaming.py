@@ -13,8 +13,16 @@ Per stream the token sequence is exactly `ClipInputBuilder`'s layout, cut in pie
     append(k):     IMAGE IMAGE ... (k steps x (main view, extra views by name)) -> cache, k readouts
 
 (the trailing `<|im_end|>\\n` of a full clip comes after every frame, so no frame's value sees it).
-Each piece is built by the model's processor (the builder's resizing, then `do_resize=False`), so
-pixels and token counts are the builder's.
+A reset (and opening the session) only checks and records the prefix: it runs in the same forward as
+the stream's next frames, as one piece `prefix + frames`, so a reset costs no forward of its own.
+
+Inputs skip the processor round trip (`vlm_rewards.models.inputs.PieceEncoder`): frames are resized
+as the builder resizes them; each image block's token ids and each prefix's are the processor's own
+output for that text and image size, computed once; pixels are rescaled, normalised and patchified
+with numpy in the image processor's float steps, checked bit for bit against the image processor on
+the first frames of each size (falling back to it otherwise). A piece's layout (ids, M-RoPE
+positions, readout indices) is cached by its shape, so a step like an earlier one costs no
+tokenizing and no `get_rope_index`.
 
 Positions: Qwen-VL models use multimodal RoPE. Text tokens advance one position each; an image block
 of h x w merged tokens takes positions (t, row, col) offset by the position where it starts, and the
@@ -22,17 +30,27 @@ next token starts at that offset + max(h, w). `get_rope_index` (the same for Qwe
 Qwen3-VL on still images: Qwen2.5-VL's time scaling applies to videos only, Qwen3-VL's timestamp
 splitting too) computes this for a sequence starting at 0, and every later position is relative to
 where the piece starts; so a piece's positions are `get_rope_index(piece) + offset`, with offset =
-(largest position so far) + 1. They are passed as explicit (3, B, L) `position_ids` (for all three
-families the language model takes 3 rows as (t, h, w); a 4-row form would prepend text positions
-for packed sequences, which this does not use) so the model's own `rope_deltas` bookkeeping is never
-involved.
+(largest position so far) + 1. A piece's own positions are its blocks' (the prefix, each image
+block) chained the same way, which is how they are computed, once per block shape. They are passed
+as explicit (3, B, L) `position_ids` (for all three families the language model takes 3 rows as
+(t, h, w); a 4-row form would prepend text positions for packed sequences, which this does not use)
+so the model's own `rope_deltas` bookkeeping is never involved.
 
-Batching: one `append` runs every stream's new frames in one forward. Streams have caches of
-different lengths (resets, uneven appends), so each step the per-stream caches are left-padded to the
-longest and the new pieces right-padded, with a 2D attention mask hiding both paddings; afterwards
-each stream's real keys/values are sliced back out. Positions are explicit, so padding never shifts
-them. Copying the caches into the batch costs O(total cache size) memory traffic per step, small next
-to attention over the same cache, which any cached step pays.
+Batching: one `append` runs every stream's new frames in one forward, its readouts through the head
+in one call. Streams have caches of different lengths (resets, uneven appends), so the caches are
+left-padded to the longest and the new pieces right-padded, with a 2D attention mask hiding both
+paddings; each stream keeps the (row, start, end) of its real keys/values in the forward's batched
+cache. When every stream's cache ends at the same column of the last forward's cache (every stream
+appended pieces of one length, the usual RL step) that cache is reused as it is, the columns before
+a stream's start masked; otherwise the streams' caches are copied into a fresh left-padded batch.
+Positions are explicit, so padding never shifts them. With SDPA the 4D boolean mask the model would
+build from the 2D one is built here (a few tensor ops instead of the model's mask machinery).
+
+Qwen2.5-VL (SDPA or eager attention) also gets a faster vision tower (`_Qwen25Vision`: cached grid
+geometry, one batched attention call over equal windows, the patch Conv3d as a matrix product; checked
+against the tower on the first call per grid list) whose features go into the model's own steps
+(embed, place the image features, language model). Costs per call on the tiny RM on CPU are in
+docs/benchmarks.md ("RL reward overhead").
 
 Only full-attention caches are supported (all Qwen-VL text models here); sliding-window layers would
 need the padding to move with the window.
@@ -40,46 +58,83 @@ need the padding to move with the window.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import math
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from PIL import Image
 from transformers import DynamicCache
 
 from vlm_rewards.interface import RewardSession, RewardSpec, validate_clip
-from vlm_rewards.models.inputs import IMAGE_PLACEHOLDER
+from vlm_rewards.models.inputs import IMAGE_PLACEHOLDER, TokenBlock
 from vlm_rewards.models.reward_network import RewardNetwork
 from vlm_rewards.models.tokenizer import IM_START
 
-KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), each (1, kv_heads, L, head_dim)
+KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), each (B, kv_heads, L, head_dim)
+MAX_LAYOUTS = 1024  # cached layouts / positions / vision grids (shapes seen; an RL run sees a handful)
 
 
 @dataclass
+class _Prefix:
+    """A stream's opening text (and resized goal frames), run with its first frames."""
+
+    text: str  # the piece's text, IMAGE_PLACEHOLDER once per goal frame
+    images: list[np.ndarray]
+
+
+@dataclass(eq=False)
 class _StreamState:
     """What one stream keeps between appends."""
 
     text: str
-    cache: KV
     next_position: int  # the M-RoPE position the next token starts at (largest so far + 1)
+    prefix: _Prefix | None = None  # not run yet: it runs with the stream's next frames
     num_frames: int = 0
     frame_size: tuple[int, int] | None = None  # (H, W) of the first append; later appends must match
     view_sizes: dict[str, tuple[int, int]] | None = None  # name -> (H, W), fixed by the first append
     input_ids: list[torch.Tensor] = field(default_factory=list)  # the pieces run so far, for checks
+    kv: KV | None = None  # the batched cache of the forward that ran this stream last
+    row: int = 0  # this stream's row in `kv`, and its real columns [start, end)
+    start: int = 0
+    end: int = 0
 
     @property
     def cache_length(self) -> int:
-        return int(self.cache[0][0].shape[-2]) if self.cache else 0
+        return self.end - self.start if self.kv is not None else 0
+
+    @property
+    def cache(self) -> KV:
+        """Per layer this stream's (1, kv_heads, L, head_dim) keys and values (views)."""
+        if self.kv is None:
+            return []
+        rows, columns = slice(self.row, self.row + 1), slice(self.start, self.end)
+        return [(keys[rows, :, columns], values[rows, :, columns]) for keys, values in self.kv]
 
 
 @dataclass
 class _Piece:
-    """The tokens (and images) to run for one stream in one forward."""
+    """The tokens (and images) to run for one stream in one forward: its prefix if it has not run, then frames."""
 
-    text: str
-    images: list[np.ndarray]
-    views_per_step: int  # readouts: every `views_per_step`-th <|vision_end|>; 0 for a prefix (none)
+    prefix: _Prefix | None
+    images: list[np.ndarray]  # the frames', resized: per step the main view, then the extra views by name
+    views_per_step: int  # readouts: the last view of each step
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """A piece's tokens, relative M-RoPE positions and readout indices; cached by the piece's shape."""
+
+    input_ids: torch.Tensor  # (L,)
+    mm_token_type_ids: torch.Tensor  # (L,)
+    positions: torch.Tensor  # (3, L), the piece starting at position 0
+    extent: int  # largest position + 1: where the next piece starts, relative to this one
+    readouts: torch.Tensor  # (n,) indices of the readout tokens (each step's last <|vision_end|>)
 
 
 class KVCacheSession(RewardSession):
@@ -123,12 +178,22 @@ class KVCacheSession(RewardSession):
         self.network = network.eval()
         self.spec = spec
         self._builder = network.builder
+        self._encoder = network.builder.pieces  # shared by the network's sessions
+        self._vision = _fast_vision(network.backbone)
+        self._sdpa = getattr(text_config, "_attn_implementation", None) == "sdpa"
         self._vision_end_id = self._builder.vision_end_id
+        pad_id = network.processor.tokenizer.pad_token_id
+        self._pad_id = 0 if pad_id is None else int(pad_id)
+        self._layouts: dict[tuple, _Layout] = {}
+        self._frame_sizes: dict[tuple[int, int], tuple[int, int]] = {}  # (H, W) -> the size frames are resized to
+        self._block_positions: dict[tuple, tuple[torch.Tensor, int]] = {}
         self._closed = False
         for i, (text, reference) in enumerate(zip(texts, references)):
             self._check_start(text, reference, f"texts[{i}]", f"references[{i}]")
-        self._streams: list[_StreamState] = [None] * len(texts)  # type: ignore[list-item]
-        self._start(list(range(len(texts))), list(texts), references)
+        self._streams: list[_StreamState] = [
+            self._fresh(text, reference, f"references[{i}]")
+            for i, (text, reference) in enumerate(zip(texts, references))
+        ]
 
     # ------------------------------------------------------------------------------------ interface
 
@@ -141,11 +206,12 @@ class KVCacheSession(RewardSession):
         return len(self._streams)
 
     def reset(self, index: int, text: str, reference: np.ndarray | None = None) -> None:
+        """Start stream `index` afresh; its prefix runs with its next frames, in the next `append`'s forward."""
         self._check_open()
         if not isinstance(index, int) or not 0 <= index < len(self._streams):
             raise ValueError(f"reset: stream index {index!r}; expected 0..{len(self._streams) - 1}")
         self._check_start(text, reference, "text", "reference")
-        self._start([index], [text], [reference])
+        self._streams[index] = self._fresh(text, reference, "reference")
 
     def append(
         self, frames: Sequence[np.ndarray], views: Sequence[Mapping[str, np.ndarray]] | None = None
@@ -168,7 +234,7 @@ class KVCacheSession(RewardSession):
             if stream.frame_size is None:
                 stream.frame_size = tuple(new.shape[1:3])
                 stream.view_sizes = {name: tuple(view.shape[1:3]) for name, view in new_views.items()}
-        values = self._run(list(range(len(self._streams))), pieces)
+        values = self._run(pieces)
         for stream, new in zip(self._streams, frames):
             stream.num_frames += len(new)
         return values
@@ -177,11 +243,15 @@ class KVCacheSession(RewardSession):
         """Drop every stream's cache; the session cannot be used afterwards."""
         self._closed = True
         for stream in self._streams:
-            stream.cache = []
+            stream.kv = None
 
     def input_ids(self, index: int) -> torch.Tensor:
         """(L,) the token ids stream `index` has run so far (its prefix and every appended frame)."""
-        return torch.cat(self._streams[index].input_ids)
+        stream = self._streams[index]
+        pieces = list(stream.input_ids)
+        if stream.prefix is not None:  # recorded, not run yet
+            pieces.append(self._prefix_tokens(stream.prefix).input_ids)
+        return torch.cat(pieces) if pieces else torch.zeros(0, dtype=torch.long)
 
     # ----------------------------------------------------------------------------------- checks
 
@@ -197,15 +267,19 @@ class KVCacheSession(RewardSession):
             raise ValueError(f"{reference_name}: this model needs reference/goal frames (use_reference), got None")
         self._check_frames(reference, reference_name)
 
-    def _check_frames(self, frames: np.ndarray, name: str) -> None:
+    def _check_frames(self, frames: np.ndarray, name: str) -> tuple[int, int]:
+        """Checks a clip; returns the (H, W) its frames are resized to."""
         validate_clip(frames, name, self.spec)
-        self._builder.vision.frame_size(frames.shape[1], frames.shape[2], name)  # raises if too small
+        size = self._frame_sizes.get(frames.shape[1:3])
+        if size is None:  # raises if too small
+            size = self._frame_sizes[frames.shape[1:3]] = self._builder.vision.frame_size(*frames.shape[1:3], name)
+        return size
 
     def _check_append(
         self, index: int, stream: _StreamState, frames: np.ndarray, views: Mapping[str, np.ndarray]
     ) -> _Piece:
         name = f"frames[{index}]"
-        self._check_frames(frames, name)
+        size = self._check_frames(frames, name)
         count = len(frames)
         max_frames = self.network.config.max_frames
         if stream.num_frames + count > max_frames:
@@ -224,9 +298,11 @@ class KVCacheSession(RewardSession):
             raise ValueError(
                 f"views[{index}]: views {sorted(views)}, stream {index} began with {sorted(stream.view_sizes)}"
             )
-        for view_name, view in views.items():
+        resized = [_resize(frames, size)]
+        for view_name in sorted(views):
+            view = views[view_name]
             where = f"views[{index}][{view_name!r}]"
-            self._check_frames(view, where)
+            view_size = self._check_frames(view, where)
             if len(view) != count:
                 raise ValueError(f"{where}: {len(view)} frames, expected {count} (as frames[{index}])")
             if stream.view_sizes is not None and tuple(view.shape[1:3]) != stream.view_sizes[view_name]:
@@ -234,97 +310,343 @@ class KVCacheSession(RewardSession):
                     f"{where}: frames of {view.shape[1]}x{view.shape[2]}, stream {index} began with "
                     f"{stream.view_sizes[view_name][0]}x{stream.view_sizes[view_name][1]}"
                 )
-        resize = self._builder.vision.resize
-        resized = [resize(frames, name)]
-        resized += [resize(views[view_name], f"views[{index}][{view_name!r}]") for view_name in sorted(views)]
+            resized.append(_resize(view, view_size))
         images = [view[t] for t in range(count) for view in resized]  # per step: main view, then views by name
-        return _Piece(IMAGE_PLACEHOLDER * len(images), images, views_per_step=len(resized))
+        return _Piece(stream.prefix, images, views_per_step=len(resized))
+
+    # ------------------------------------------------------------------------------------ inputs
+
+    def _fresh(self, text: str, reference: np.ndarray | None, name: str) -> _StreamState:
+        """A stream at its start: the prefix recorded, to run with the first frames."""
+        parts, images = [f"{IM_START}user\n"], []
+        if self.network.config.use_reference:
+            images = list(self._builder.vision.resize(reference, name))
+            parts.append("Goal: " + IMAGE_PLACEHOLDER * len(images) + "\n")
+        parts.append(text + "\n")
+        return _StreamState(text=text, next_position=0, prefix=_Prefix("".join(parts), images))
+
+    def _prefix_tokens(self, prefix: _Prefix) -> TokenBlock:
+        return self._encoder.tokens(prefix.text, [image.shape[:2] for image in prefix.images])
+
+    def _positions(self, key: tuple, block: TokenBlock) -> tuple[torch.Tensor, int]:
+        """(3, L) M-RoPE positions of `block` as if it started the sequence, and its extent (largest + 1)."""
+        cached = self._block_positions.get(key)
+        if cached is None:
+            grids = torch.tensor(block.grids, dtype=torch.long) if block.grids else None
+            positions, _ = self.network.backbone.get_rope_index(
+                block.input_ids[None],
+                mm_token_type_ids=block.mm_token_type_ids[None],
+                image_grid_thw=grids,
+                attention_mask=torch.ones(1, len(block.input_ids), dtype=torch.long),
+            )
+            positions = positions[:, 0].cpu()
+            cached = positions, int(positions.max()) + 1
+            if len(self._block_positions) >= MAX_LAYOUTS:
+                self._block_positions.clear()
+            self._block_positions[key] = cached
+        return cached
+
+    def _layout(self, piece: _Piece) -> _Layout:
+        """The piece's tokens, positions and readouts: its blocks' (prefix, then one per image), chained."""
+        prefix_key = None
+        if piece.prefix is not None:
+            prefix_key = (piece.prefix.text, tuple(image.shape[:2] for image in piece.prefix.images))
+        sizes = tuple(image.shape[:2] for image in piece.images)
+        key = (prefix_key, sizes, piece.views_per_step)
+        layout = self._layouts.get(key)
+        if layout is not None:
+            return layout
+        blocks = []
+        if piece.prefix is not None:
+            blocks.append((("prefix", prefix_key), self._prefix_tokens(piece.prefix)))
+        blocks += [(("image", size), self._encoder.image_tokens(*size)) for size in sizes]
+        ids, types, positions, readouts = [], [], [], []
+        offset = length = 0
+        for number, (block_key, block) in enumerate(blocks):
+            relative, extent = self._positions(block_key, block)
+            ids.append(block.input_ids)
+            types.append(block.mm_token_type_ids)
+            positions.append(relative + offset)
+            offset += extent
+            length += len(block.input_ids)
+            image = number - (piece.prefix is not None)  # index among the frame images
+            if image >= 0 and (image + 1) % piece.views_per_step == 0:
+                if block.input_ids[-1] != self._vision_end_id:
+                    raise RuntimeError("KVCacheSession: an image block does not end with <|vision_end|>")
+                readouts.append(length - 1)
+        layout = _Layout(torch.cat(ids), torch.cat(types), torch.cat(positions, dim=1), offset, torch.tensor(readouts))
+        if len(self._layouts) >= MAX_LAYOUTS:
+            self._layouts.clear()
+        self._layouts[key] = layout
+        return layout
 
     # ------------------------------------------------------------------------------------ model
 
-    def _start(self, indices: list[int], texts: list[str], references: list[np.ndarray | None]) -> None:
-        """Run the prefixes of `indices` (one forward) and make them fresh streams."""
-        pieces = []
-        for index, text, reference in zip(indices, texts, references):
-            parts, images = [f"{IM_START}user\n"], []
-            if self.network.config.use_reference:
-                images = list(self._builder.vision.resize(reference, f"references[{index}]"))
-                parts.append("Goal: " + IMAGE_PLACEHOLDER * len(images) + "\n")
-            parts.append(text + "\n")
-            pieces.append(_Piece("".join(parts), images, views_per_step=0))
-        for index, text in zip(indices, texts):
-            self._streams[index] = _StreamState(text=text, cache=[], next_position=0)
-        self._run(indices, pieces)
+    def _past(self) -> tuple[KV | None, torch.Tensor, list[int]]:
+        """The streams' caches as one left-padded batch: (per-layer keys/values or None, (B, L) mask, per stream
+        the column its cache starts at)."""
+        streams = self._streams
+        live = [stream for stream in streams if stream.prefix is None and stream.cache_length]
+        device = self.network.device
+        if not live:
+            return None, torch.zeros(len(streams), 0, dtype=torch.long, device=device), [0] * len(streams)
+        kv, end = live[0].kv, live[0].end
+        if (
+            all(s.kv is kv and s.end == end for s in live)
+            and all(s.row == b for b, s in enumerate(streams) if s in live)
+            and len(kv[0][0]) == len(streams)
+        ):
+            # Every cache ends at the same column of the last forward's cache: use it as it is.
+            first = min(s.start for s in live)
+            past = [(keys[:, :, first:end], values[:, :, first:end]) for keys, values in kv]
+            starts = [s.start - first if s in live else end - first for s in streams]
+        else:  # copy each stream's cache into a fresh batch, left-padded to the longest
+            longest = max(s.cache_length for s in live)
+            starts = [longest - (s.cache_length if s in live else 0) for s in streams]
+            past = []
+            for layer in range(len(live[0].kv)):
+                keys, values = [], []
+                for stream, start in zip(streams, starts):
+                    if stream in live:
+                        k, v = stream.cache[layer]
+                        keys.append(F.pad(k, (0, 0, start, 0)))
+                        values.append(F.pad(v, (0, 0, start, 0)))
+                    else:
+                        k, v = live[0].cache[layer]
+                        keys.append(k.new_zeros(1, k.shape[1], longest, k.shape[3]))
+                        values.append(v.new_zeros(1, v.shape[1], longest, v.shape[3]))
+                past.append((torch.cat(keys), torch.cat(values)))
+            end = longest
+        length = past[0][0].shape[2]
+        columns = torch.arange(length, device=device)
+        mask = (columns[None, :] >= torch.tensor(starts, device=device)[:, None]).long()
+        return past, mask, starts
 
     @torch.inference_mode()
-    def _run(self, indices: list[int], pieces: list[_Piece]) -> list[np.ndarray]:
-        """One forward of `pieces[j]` on top of stream `indices[j]`'s cache; updates the streams and
+    def _run(self, pieces: list[_Piece]) -> list[np.ndarray]:
+        """One forward of `pieces[b]` on top of stream b's cache (every stream); updates the streams and
         returns per stream the progress at the readouts of its piece."""
         network, device = self.network, self.network.device
-        streams = [self._streams[i] for i in indices]
-        images = [image for piece in pieces for image in piece.images]
-        inputs = network.processor(
-            text=[piece.text for piece in pieces],
-            images=images or None,
-            do_resize=False,
-            padding=True,
-            padding_side="right",
-            return_tensors="pt",
-        ).to(device)
-        input_ids, new_mask = inputs["input_ids"], inputs["attention_mask"]
-        image_grid_thw = inputs.get("image_grid_thw")
-        lengths = new_mask.sum(1).tolist()
+        streams = self._streams
+        layouts = [self._layout(piece) for piece in pieces]
+        lengths = [len(layout.input_ids) for layout in layouts]
+        offsets = [0 if stream.prefix is not None else stream.next_position for stream in streams]
+        offset_tensor = torch.tensor(offsets, dtype=torch.long)
+        if all(layout is layouts[0] for layout in layouts):  # one shape for all: no padding
+            layout = layouts[0]
+            input_ids = layout.input_ids.expand(len(streams), -1)
+            mm_token_type_ids = layout.mm_token_type_ids.expand(len(streams), -1)
+            positions = layout.positions[:, None, :] + offset_tensor[None, :, None]
+            new_mask = torch.ones(len(streams), lengths[0], dtype=torch.long)
+        else:  # right-padded to the longest piece
+            longest = max(lengths)
+            input_ids = torch.full((len(streams), longest), self._pad_id, dtype=torch.long)
+            mm_token_type_ids = torch.zeros(len(streams), longest, dtype=torch.long)
+            positions = torch.ones(3, len(streams), longest, dtype=torch.long)
+            new_mask = torch.zeros(len(streams), longest, dtype=torch.long)
+            for b, (layout, length, offset) in enumerate(zip(layouts, lengths, offsets)):
+                input_ids[b, :length] = layout.input_ids
+                mm_token_type_ids[b, :length] = layout.mm_token_type_ids
+                positions[:, b, :length] = layout.positions + offset
+                new_mask[b, :length] = 1
+        images = [image for piece in pieces for image in (piece.prefix.images if piece.prefix else []) + piece.images]
+        pixel_values, image_grid_thw = self._encoder.pixels(images)
 
-        # M-RoPE positions of each piece as if it started the sequence, shifted to where it starts.
-        positions, _ = network.backbone.get_rope_index(
-            input_ids,
-            mm_token_type_ids=inputs["mm_token_type_ids"],
-            image_grid_thw=image_grid_thw,
-            attention_mask=new_mask,
-        )
-        offsets = torch.tensor([stream.next_position for stream in streams], device=device)
-        positions = positions + offsets.view(1, -1, 1)
+        past, past_mask, starts = self._past()
+        cache = DynamicCache(ddp_cache_data=past) if past is not None else DynamicCache()
+        past_length = past_mask.shape[1]
+        attention_mask = torch.cat([past_mask, new_mask.to(device)], dim=1)
+        if self._sdpa and (past_length or not bool(new_mask.all())):
+            # The (B, 1, L_new, L_past + L_new) boolean mask SDPA takes (True: attend), as the model would build
+            # it from the 2D mask: causal over the new tokens, padding hidden. A 4D mask is used as it is.
+            query = torch.arange(new_mask.shape[1], device=device) + past_length
+            causal = torch.arange(attention_mask.shape[1], device=device)[None, :] <= query[:, None]
+            attention_mask = (causal[None] & attention_mask.bool()[:, None, :])[:, None]
+        pixel_values, image_grid_thw = pixel_values.to(device), image_grid_thw.to(device)
+        input_ids, positions = input_ids.to(device), positions.to(device)
+        features = self._vision(pixel_values, image_grid_thw) if self._vision is not None else None
+        if features is None:
+            hidden = network.backbone(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=positions,
+                past_key_values=cache,
+                use_cache=True,
+                pixel_values=pixel_values,
+                image_grid_thw=image_grid_thw,
+                mm_token_type_ids=mm_token_type_ids.to(device),
+            ).last_hidden_state
+        else:  # the model's forward, its steps written out: embed, place the image features, run the LM
+            backbone = network.backbone
+            embeds = backbone.get_input_embeddings()(input_ids)
+            image_mask = (input_ids == backbone.config.image_token_id).unsqueeze(-1).expand_as(embeds)
+            embeds = embeds.masked_scatter(image_mask, features.to(embeds.dtype))
+            hidden = backbone.language_model(
+                input_ids=None,
+                inputs_embeds=embeds,
+                attention_mask=attention_mask,
+                position_ids=positions,
+                past_key_values=cache,
+                use_cache=True,
+            ).last_hidden_state
 
-        # Caches left-padded to the longest, pieces right-padded: one mask hides both.
-        past_lengths = [stream.cache_length for stream in streams]
-        longest = max(past_lengths)
-        past_mask = torch.zeros(len(streams), longest, dtype=new_mask.dtype, device=device)
-        cache = DynamicCache()
-        if longest:
-            for b, length in enumerate(past_lengths):
-                past_mask[b, longest - length :] = 1
-            layers = []
-            for layer in range(len(streams[0].cache)):
-                keys = [F.pad(s.cache[layer][0], (0, 0, longest - n, 0)) for s, n in zip(streams, past_lengths)]
-                values = [F.pad(s.cache[layer][1], (0, 0, longest - n, 0)) for s, n in zip(streams, past_lengths)]
-                layers.append((torch.cat(keys), torch.cat(values)))
-            cache = DynamicCache(ddp_cache_data=layers)
-        attention_mask = torch.cat([past_mask, new_mask], dim=1)
+        # Every readout of every stream through the head in one call.
+        rows = torch.cat([torch.full((len(layout.readouts),), b, dtype=torch.long) for b, layout in enumerate(layouts)])
+        columns = torch.cat([layout.readouts for layout in layouts])
+        values = network.head.predict(network.head(hidden[rows.to(device), columns.to(device)]))
+        values = values.float().cpu().numpy().astype(np.float64)
+        counts = [len(layout.readouts) for layout in layouts]
 
-        model_inputs = {
-            key: inputs[key] for key in ("pixel_values", "image_grid_thw", "mm_token_type_ids") if key in inputs
-        }
-        hidden = network.backbone(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=positions,
-            past_key_values=cache,
-            use_cache=True,
-            **model_inputs,
-        ).last_hidden_state
-
-        results = []
-        for b, (stream, piece, past_length, length) in enumerate(zip(streams, pieces, past_lengths, lengths)):
-            start, end = longest - past_length, longest + length
-            stream.cache = [
-                (layer.keys[b : b + 1, :, start:end], layer.values[b : b + 1, :, start:end]) for layer in cache.layers
-            ]
-            stream.next_position = int(positions[:, b, :length].max()) + 1
-            ids = input_ids[b, :length]
-            stream.input_ids.append(ids.cpu())
-            if piece.views_per_step:
-                vision_ends = (ids == self._vision_end_id).nonzero().squeeze(-1)
-                readouts = vision_ends[piece.views_per_step - 1 :: piece.views_per_step]
-                values = network.head.predict(network.head(hidden[b, readouts]))
-                results.append(values.float().cpu().numpy().astype(np.float64))
+        kv = [(layer.keys, layer.values) for layer in cache.layers]
+        results, cursor = [], 0
+        for b, (stream, layout, length, offset) in enumerate(zip(streams, layouts, lengths, offsets)):
+            stream.kv, stream.row, stream.start, stream.end = kv, b, starts[b], past_length + length
+            stream.next_position = offset + layout.extent
+            stream.input_ids.append(layout.input_ids)
+            stream.prefix = None
+            results.append(values[cursor : cursor + counts[b]])
+            cursor += counts[b]
         return results
+
+
+_VISIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _fast_vision(backbone: torch.nn.Module) -> _Qwen25Vision | None:
+    """The backbone's fast vision path (shared by its sessions), or None where there is none."""
+    visual = getattr(backbone, "visual", None)
+    if visual is None or not _Qwen25Vision.supports(visual):
+        return None
+    if visual not in _VISIONS:
+        _VISIONS[visual] = _Qwen25Vision(visual)
+    return _VISIONS[visual]
+
+
+def _resize(frames: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """`vision.resize_frames` for a checked clip: PIL bicubic per frame, none if it has the size already."""
+    height, width = size
+    if frames.shape[1:3] == (height, width):
+        return frames
+    return np.stack(
+        [np.asarray(Image.fromarray(frame).resize((width, height), Image.Resampling.BICUBIC)) for frame in frames]
+    )
+
+
+class _Qwen25Vision:
+    """Qwen2.5-VL's vision tower for the frames of one step, with its per-call overhead cut.
+
+    The same modules and float steps as the tower's `forward`, but: the grid-only tensors (rotary
+    cos/sin, window order, chunk bounds) are computed once per grid list with the tower's own
+    functions and cached; and attention over equal-length chunks (every frame of one size: its
+    windows, or the whole frame) runs as one batched SDPA call instead of one call per chunk. Used
+    only for SDPA or eager attention, outside training; the patch embedding (a Conv3d with stride =
+    kernel) runs as the equal matrix product, which rounds differently (~1e-7). The first call for
+    each grid list is compared with the tower's `forward`, and any difference beyond float rounding
+    (1e-5 of the output's scale in float32, 4 ulps in 16-bit types) turns this path off for good.
+    """
+
+    def __init__(self, visual: torch.nn.Module):
+        from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as qwen2_5
+
+        self.visual = visual
+        self._rotary = qwen2_5.apply_rotary_pos_emb_vision
+        self._vision_utils = importlib.import_module("transformers.vision_utils")
+        self._geometry: dict[tuple, tuple] = {}
+        self.enabled = True
+        self.max_abs_diff = 0.0  # the largest gap to the tower's forward seen in the checks
+
+    @staticmethod
+    def supports(visual: torch.nn.Module) -> bool:
+        """Only the tower this was written against: another transformers version falls back to the tower."""
+        if importlib.util.find_spec("transformers.vision_utils") is None:
+            return False
+        utils = importlib.import_module("transformers.vision_utils")
+        helpers = ("get_vision_position_ids", "get_vision_cu_seqlens", "get_vision_window_index")
+        return (
+            all(hasattr(utils, name) for name in helpers)
+            and hasattr(visual, "permute_input_for_window_attn")
+            and type(visual).__name__ == "Qwen2_5_VisionTransformerPretrainedModel"
+            and visual.config._attn_implementation in ("sdpa", "eager")
+            and all(hasattr(visual, name) for name in ("patch_embed", "rotary_pos_emb", "blocks", "merger"))
+        )
+
+    def __call__(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor | None:
+        """(tokens, hidden) merged image embeddings in the tower's order, or None (use the tower)."""
+        if not self.enabled or self.visual.training:
+            return None
+        key = tuple(map(tuple, grid_thw.tolist()))
+        checked = key in self._geometry
+        fast = self._forward(pixel_values.to(self.visual.dtype), grid_thw, key)
+        if not checked:
+            reference = self.visual(pixel_values.to(self.visual.dtype), grid_thw=grid_thw).pooler_output
+            diff = float((fast.float() - reference.float()).abs().max()) if fast.shape == reference.shape else math.inf
+            self.max_abs_diff = max(self.max_abs_diff, diff)
+            scale = float(reference.float().abs().max()) + 1.0
+            if not diff <= max(1e-5, 4 * torch.finfo(reference.dtype).eps) * scale:
+                self.enabled = False
+            return reference
+        return fast
+
+    def _grid(self, grid_thw: torch.Tensor, key: tuple) -> tuple:
+        geometry = self._geometry.get(key)
+        if geometry is not None:
+            return geometry
+        visual, utils = self.visual, self._vision_utils
+        position_ids = utils.get_vision_position_ids(grid_thw, visual.spatial_merge_size)
+        cu_seqlens = utils.get_vision_cu_seqlens(grid_thw)
+        window_index, cu_window_seqlens = utils.get_vision_window_index(
+            grid_thw, spatial_merge_size=visual.spatial_merge_size, window_size=visual.window_size,
+            patch_size=visual.patch_size,
+        )  # fmt: skip
+        seq_len = int(cu_seqlens[-1])
+        probe = torch.zeros(seq_len, 1, dtype=visual.dtype, device=grid_thw.device)
+        cos, sin = visual.rotary_pos_emb(probe, position_ids)
+        cos, sin = (visual.permute_input_for_window_attn(f, window_index, seq_len=seq_len) for f in (cos, sin))
+        full = torch.unique_consecutive(torch.as_tensor(cu_seqlens)).tolist()
+        windows = torch.unique_consecutive(torch.as_tensor(cu_window_seqlens)).tolist()
+        geometry = (window_index, torch.argsort(window_index), cos, sin, _chunks(full), _chunks(windows), seq_len)
+        if len(self._geometry) >= MAX_LAYOUTS:
+            self._geometry.clear()  # grid lists seen again are checked again
+        self._geometry[key] = geometry
+        return geometry
+
+    def _forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor, key: tuple) -> torch.Tensor:
+        visual = self.visual
+        window_index, reverse, cos, sin, full, windows, seq_len = self._grid(grid_thw, key)
+        # patch_embed is a Conv3d whose stride is its kernel: one matrix product per patch (CPU conv3d is slow here)
+        proj = visual.patch_embed.proj
+        hidden = F.linear(pixel_values.reshape(len(pixel_values), -1).to(proj.weight.dtype),
+                          proj.weight.reshape(len(proj.weight), -1), proj.bias)  # fmt: skip
+        hidden = visual.permute_input_for_window_attn(hidden, window_index, seq_len=seq_len)
+        for number, block in enumerate(visual.blocks):
+            chunks = full if number in visual.fullatt_block_indexes else windows
+            attn = block.attn
+            query, key_, value = (
+                attn.qkv(block.norm1(hidden)).reshape(seq_len, 3, attn.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
+            )
+            query, key_ = self._rotary(query, key_, cos, sin)
+            out = _chunked_attention(query, key_, value, chunks, attn.scaling)
+            hidden = hidden + attn.proj(out.reshape(seq_len, -1).contiguous())
+            hidden = hidden + block.mlp(block.norm2(hidden))
+        return visual.merger(hidden)[reverse, :]
+
+
+def _chunks(bounds: list[int]) -> int | list[int]:
+    """The chunk length if every chunk has one length, else the chunk lengths."""
+    lengths = [b - a for a, b in zip(bounds[:-1], bounds[1:])]
+    return lengths[0] if len(set(lengths)) == 1 else lengths
+
+
+def _chunked_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, chunks: int | list[int], scale: float
+) -> torch.Tensor:
+    """Bidirectional attention within chunks of (S, heads, d) tensors -> (S, heads, d): equal chunks as one batch."""
+    if isinstance(chunks, int):  # (S, H, d) -> (S / c, H, c, d)
+        count = query.shape[0] // chunks
+        q, k, v = (t.reshape(count, chunks, *t.shape[1:]).transpose(1, 2) for t in (query, key, value))
+        return F.scaled_dot_product_attention(q, k, v, scale=scale).transpose(1, 2).reshape(query.shape)
+    outputs = []
+    for q, k, v in zip(*(t.split(chunks) for t in (query, key, value))):
+        q, k, v = (t.transpose(0, 1)[None] for t in (q, k, v))
+        outputs.append(F.scaled_dot_product_attention(q, k, v, scale=scale)[0].transpose(0, 1))
+    return torch.cat(outputs)

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from vlm_rewards.data.build import SyntheticData
+from vlm_rewards.data.episodes import EpisodeRecord, write_episodes
 from vlm_rewards.evaluation.evaluate import EvalRMConfig, frame_pair_accuracy, run_eval
 from vlm_rewards.interface import RewardRequest, RewardResult
 
@@ -47,3 +48,18 @@ def test_frame_pair_accuracy():
 def test_progress_metrics_need_progress(tmp_path):
     with pytest.raises(ValueError, match="motion_penalty returns no per-frame progress"):
         run_eval(small_eval(tmp_path, "motion_penalty", evaluate_pairs=False))
+
+
+def test_a_single_task_dataset_has_no_instruction_metrics(tmp_path):
+    """Meta-World style: every episode has one instruction, so there is none to swap in."""
+    rng = np.random.default_rng(0)
+    records = [
+        EpisodeRecord(i, "press the button", rng.integers(0, 256, (6, 28, 28, 3), dtype=np.uint8),
+                      np.linspace(0, 1, 6, dtype=np.float32), True, "expert")
+        for i in range(3)
+    ]  # fmt: skip
+    write_episodes(tmp_path / "episodes", records)
+    reward = {"kind": "function", "function": "tests.test_evaluate:clock", "dense": True}
+    metrics = run_eval(EvalRMConfig(reward=reward, episodes=tmp_path / "episodes", output_dir=tmp_path / "eval"))
+    assert metrics["voc_expert"] == pytest.approx(1.0)
+    assert np.isnan(metrics["mismatch_accuracy"]) and np.isnan(metrics["reward_mismatched_instruction"])

@@ -115,11 +115,13 @@ def evaluate_progress(
         score_in_batches(reward, reversed_clips, batch_size, "reversed clips", track), reversed_clips
     )
     instructions = dataset.instructions
+    # a single-task dataset has no other instruction to swap in: its instruction metrics are NaN
+    swapped = experts if len(set(instructions)) > 1 else []
     mismatched = [
-        replace(requests[i], text=mismatched_instruction(records[i].instruction, instructions, rng)) for i in experts
+        replace(requests[i], text=mismatched_instruction(records[i].instruction, instructions, rng)) for i in swapped
     ]
     mismatched_results = score_in_batches(reward, mismatched, batch_size, "mismatched instructions", track)
-    matched_rewards = np.array([results[i].reward for i in experts], dtype=np.float64)
+    matched_rewards = np.array([results[i].reward for i in swapped], dtype=np.float64)
     mismatched_rewards = np.array([result.reward for result in mismatched_results], dtype=np.float64)
     both_scored = np.isfinite(matched_rewards) & np.isfinite(mismatched_rewards)
     final_rewards = np.array([r.reward for r in results], dtype=np.float64)

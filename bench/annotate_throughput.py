@@ -355,7 +355,7 @@ def main(
     num_videos: Annotated[int, typer.Option(min=1)] = 256,
     frames: Annotated[int, typer.Option(min=2, help="frames per video")] = 32,
     frame_size: Annotated[int | None, typer.Option(min=28, help="frame side; default 128 tiny, 224 3B")] = None,
-    workers: Annotated[int, typer.Option(min=1, help="decode workers")] = 2,
+    workers: Annotated[int | None, typer.Option(min=1, help="decode workers; default: the job's (cores - 1)")] = None,
     backend: Annotated[str, typer.Option(help="decode pool: process | thread")] = "process",
     batch_size: Annotated[int, typer.Option(min=1, help="episodes per reward call")] = 8,
     max_frames: Annotated[int, typer.Option(min=2, help="the RM's frame budget")] = 32,
@@ -374,6 +374,7 @@ def main(
     import transformers
 
     from bench._common import finish
+    from vlm_rewards.annotation.config import DecodeConfig
 
     if preset not in FRAME_SIZES:
         raise typer.BadParameter(f"expected one of {', '.join(FRAME_SIZES)}", param_hint="--preset")
@@ -381,6 +382,7 @@ def main(
         raise typer.BadParameter("expected process or thread", param_hint="--backend")
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
+    workers = workers or DecodeConfig().pool_size
     config = BenchConfig(preset=preset, num_videos=num_videos, frames=frames, frame_size=frame_size, workers=workers,
                          backend=backend, batch_size=batch_size, max_frames=max_frames, device=device, dtype=dtype,
                          repeats=repeats, report=report, threads=threads, num_layers=num_layers, seed=seed)  # fmt: skip

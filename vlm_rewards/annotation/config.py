@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -67,11 +68,20 @@ class SamplingConfig(_Section):
 
 class DecodeConfig(_Section):
     """Decoding workers (local engine): `workers` processes (or threads) decode episodes ahead of the
-    reward, at most `prefetch` episodes per worker in flight."""
+    reward, at most `prefetch` episodes per worker in flight. `threads`: FFmpeg decoding threads per
+    worker (1: the workers are the parallelism; 0: FFmpeg's default, about one per core in every
+    worker, which pays off for a few large videos on many cores, not for many small ones)."""
 
-    workers: int = pydantic.Field(2, ge=1)
+    workers: int | None = pydantic.Field(None, ge=1)  # None: one per CPU core but one (the reward's)
     backend: Literal["process", "thread"] = "process"
     prefetch: int = pydantic.Field(2, ge=1)
+    threads: int = pydantic.Field(1, ge=0)
+
+    @property
+    def pool_size(self) -> int:
+        """`workers`, or one per usable core but the one the reward (or the GPU's feeder) runs on: on a
+        2-core machine two decode processes slow a CPU reward by ~7 % for decoding it does not need."""
+        return self.workers or max(1, len(os.sched_getaffinity(0)) - 1)
 
 
 class LeRobotOutputConfig(_Section):

@@ -2,7 +2,7 @@
 write per-episode shards, then merge (see `vlm_rewards.annotation.outputs` for the folder layout).
 
 The local engine decodes in a process (or thread) pool that runs ahead of the reward, at most
-`decode.workers * decode.prefetch` episodes in flight, so the reward scores batch k while the workers
+`decode.pool_size * decode.prefetch` episodes in flight, so the reward scores batch k while the workers
 decode batch k+1. The pool starts before the reward is built, so that the workers' start-up overlaps
 loading the model. `engine: ray` hands the same work to `vlm_rewards.annotation.ray_engine`.
 """
@@ -32,7 +32,7 @@ from vlm_rewards.annotation.outputs import (
     write_lerobot_progress_table,
 )
 from vlm_rewards.annotation.report import episode_flags, write_report
-from vlm_rewards.annotation.scoring import EpisodeOutcome, check_reward_for_annotation, score_batch
+from vlm_rewards.annotation.scoring import EpisodeOutcome, check_reward_for_annotation, episode_budget, score_batch
 from vlm_rewards.annotation.sources import EpisodeRef, iter_episodes, source_name
 from vlm_rewards.fingerprint import fingerprint, sha256_file
 from vlm_rewards.interface import RewardModel
@@ -181,10 +181,13 @@ def _write_lerobot_outputs(config: AnnotateConfig, merged: dict[str, Any]) -> No
 # ----------------------------------------------------------------------------- local engine
 
 
-def decode_or_failure(ref: EpisodeRef, sampling: SamplingConfig) -> DecodedEpisode | EpisodeOutcome:
-    """Top-level (picklable) task for decode workers: the decoded episode, or its failure outcome."""
+def decode_or_failure(
+    ref: EpisodeRef, sampling: SamplingConfig, budget: int | None = None, threads: int = 1
+) -> DecodedEpisode | EpisodeOutcome:
+    """Top-level (picklable) task for decode workers: the decoded episode (only the frames the
+    reward's `budget` keeps, see `decode_episode`), or its failure outcome."""
     try:
-        return decode_episode(ref, sampling)
+        return decode_episode(ref, sampling, budget, threads)
     except DecodeError as error:
         return EpisodeOutcome(ref=ref, error=str(error), stage="decode")
     except Exception as error:  # noqa: BLE001 - an unexpected decoder crash fails this episode only
@@ -210,11 +213,17 @@ def make_pool(workers: int, backend: str) -> concurrent.futures.Executor:
 
 def start_decode_pool(config: AnnotateConfig) -> DecodePool:
     """The local engine's decode workers, started: they run ahead of the reward by up to
-    `decode.workers * decode.prefetch` episodes (at least a batch)."""
-    task = functools.partial(decode_or_failure, sampling=config.sampling)
-    window = max(config.batch_size, config.decode.workers * config.decode.prefetch)
-    make = functools.partial(make_pool, config.decode.workers, config.decode.backend)
+    `decode.pool_size * decode.prefetch` episodes (at least a batch)."""
+    task = decode_task(config)
+    window = max(config.batch_size, config.decode.pool_size * config.decode.prefetch)
+    make = functools.partial(make_pool, config.decode.pool_size, config.decode.backend)
     return DecodePool(make, task, window, _decode_worker_crashed)
+
+
+def decode_task(config: AnnotateConfig, budget: int | None = None) -> Callable[[EpisodeRef], Any]:
+    """The decode workers' task for `config`: with the reward's frame `budget` (`episode_budget`),
+    only the frames the reward will see are converted and sent back."""
+    return functools.partial(decode_or_failure, sampling=config.sampling, budget=budget, threads=config.decode.threads)
 
 
 def _decode_worker_crashed(ref: EpisodeRef, error: BaseException) -> EpisodeOutcome:
@@ -233,7 +242,9 @@ class DecodePool:
         self.make, self.function, self.window, self.on_crash = make, function, window, on_crash
         self.pool = make()
 
-    def map(self, items: Iterable) -> Iterator[Any]:
+    def map(self, items: Iterable, function: Callable | None = None) -> Iterator[Any]:
+        """`function(item)` (default: the pool's) for each item, in order."""
+        function = function or self.function
         in_flight: collections.deque = collections.deque()
         iterator = iter(items)
 
@@ -242,7 +253,7 @@ class DecodePool:
                 item = next(iterator, _END)
                 if item is _END:
                     return
-                in_flight.append((item, self.pool.submit(self.function, item)))
+                in_flight.append((item, self.pool.submit(function, item)))
 
         top_up()
         while in_flight:
@@ -255,7 +266,7 @@ class DecodePool:
                 self.pool = self.make()
                 waiting = [other for other, _ in in_flight]
                 in_flight.clear()
-                in_flight.extend((other, self.pool.submit(self.function, other)) for other in waiting)
+                in_flight.extend((other, self.pool.submit(function, other)) for other in waiting)
                 result = self.on_crash(item, error)
             top_up()  # before yielding: the workers decode ahead while the caller scores this result
             yield result
@@ -283,7 +294,8 @@ def run_local(
 ) -> set[str]:
     """Score `pending` in batches as `pool` decodes them; the decode workers' ids."""
     workers: set[str] = set()
-    stream = pool.map(pending)
+    # the reward is built now: the workers convert and send back only the frames it will see
+    stream = pool.map(pending, decode_task(config, episode_budget(reward.spec, config.sampling.max_frames)))
     if track is not None:
         stream = track(stream, "annotate", total=len(pending))
     batch: list[DecodedEpisode] = []

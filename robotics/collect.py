@@ -147,6 +147,37 @@ def to_record(rollout: Rollout, episode_id: int, config: CollectConfig, stage_bu
     )
 
 
+def relabelled_records(rollout: Rollout, first_id: int, config: CollectConfig) -> list[EpisodeRecord]:
+    """The rollout once per target it was not told to reach: that target's instruction, geometric
+    progress toward it (`target_progress` in the env's info), policy `<policy>_relabelled`."""
+    if "target_progress" not in rollout.infos[0]:
+        raise ValueError(
+            f"collect: relabel_targets needs an env that reports target_progress ({config.env.id} does not)"
+        )
+    instruction = rollout.infos[0]["instruction"]
+    keep = _strided(len(rollout.infos), config.frame_stride)
+    progress = np.array([info["target_progress"] for info in rollout.infos], dtype=np.float32)
+    frames = np.stack(rollout.frames[config.env.camera])[keep]
+    views = {name: np.stack(f)[keep] for name, f in rollout.frames.items() if name != config.env.camera}
+    records = []
+    for index, text in enumerate(rollout.infos[0]["target_instructions"].split("|")):
+        if text == instruction:
+            continue
+        records.append(
+            EpisodeRecord(
+                episode_id=first_id + len(records),
+                instruction=text,
+                frames=frames,
+                progress=progress[keep, index],
+                success=bool(progress[-1, index] >= 1.0),
+                policy=f"{rollout.policy}_relabelled",
+                views=views,
+                reference=None,
+            )
+        )
+    return records
+
+
 def _strided(num_frames: int, stride: int) -> np.ndarray:
     keep = np.arange(0, num_frames, stride)
     return keep if keep[-1] == num_frames - 1 else np.append(keep, num_frames - 1)
@@ -157,10 +188,21 @@ def collect(config: CollectConfig, track: Track | None = None) -> EpisodeDataset
     stage_budgets = load_env_creator(gym.spec(config.env.id).entry_point).stage_budgets
     counts: dict[str, list[int]] = {}
 
+    if config.relabel_targets and (config.progress_label != "geometric" or config.goal_reference):
+        raise ValueError(
+            "collect: relabel_targets needs progress_label=geometric and goal_reference=false (the goal "
+            "render shows the instructed target only)"
+        )
+
     def records() -> Iterator[EpisodeRecord]:
-        for episode_id, rollout in enumerate(run_rollouts(config, track)):
+        episode_id = 0
+        for rollout in run_rollouts(config, track):
             counts.setdefault(rollout.policy, []).append(rollout.success)
             yield to_record(rollout, episode_id, config, stage_budgets)
+            episode_id += 1
+            for record in relabelled_records(rollout, episode_id, config) if config.relabel_targets else []:
+                yield record
+                episode_id += 1
 
     generator = {"name": "robotics.collect", **config.model_dump(mode="json")}
     dataset = write_episodes(config.output, records(), config.frame_format, fps=config.fps, generator=generator)

@@ -21,6 +21,9 @@ class EnvConfig(pydantic.BaseModel, extra="forbid"):
     height: int = pydantic.Field(64, ge=16)
     camera: str = "top"  # the main camera (the reward's `frames`)
     num_distractors: int = pydantic.Field(2, ge=1)
+    # vlmr/* tasks: "gradient" shades the table by position (a visual cue for rotary-only vision towers)
+    table: Literal["plain", "gradient"] = "plain"
+    marker_radius: float = pydantic.Field(0.05, gt=0, le=0.1)  # vlmr/Reach-v0: drawn radius of targets and footprint
     max_episode_steps: int | None = None  # None: the task's default (Reach 50, Push 100)
 
 
@@ -33,6 +36,10 @@ class CollectConfig(JobConfig):
     noise: float = pydantic.Field(0.3, ge=0)  # action noise std of the `noisy` expert
     progress_label: Literal["geometric", "time", "stage"] = "geometric"
     frame_stride: int = pydantic.Field(2, ge=1)  # keep every k-th frame (the first and last always)
+    # Reach: also write every rollout once per other target, the instruction naming that target and the
+    # geometric labels toward it (policy "<policy>_relabelled"): the same frames under different
+    # instructions get different labels, so a reward model must bind the colour word to the scene
+    relabel_targets: bool = False
     views: list[str] = ["front"]  # extra cameras stored as views
     goal_reference: bool = True  # store the goal render as the episode's `reference`
     frame_format: Literal["npz", "mp4"] = "npz"

@@ -35,6 +35,8 @@ def make_env(
         reward_type=reward_type,
         terminate_on_success=terminate_on_success,
         num_distractors=config.num_distractors,
+        **({"table": config.table} if config.table != "plain" else {}),
+        **({"marker_radius": config.marker_radius} if config.marker_radius != 0.05 else {}),
         **kwargs,
     )
     return CameraFrames(env, cameras=list(cameras or [config.camera]), goal_image=goal_image)

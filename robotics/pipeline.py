@@ -116,7 +116,12 @@ class Pipeline:
         for factor in self.config.eval_length_factors:
             env = self.config.env.model_copy(update={"max_episode_steps": factor * self.episode_steps})
             jobs[f"eval_{factor}x"] = base.model_copy(
-                update={"env": env, "episodes": self.config.eval_episodes, "seed": base.seed + 1000 * factor}
+                update={
+                    "env": env,
+                    "episodes": self.config.eval_episodes,
+                    "seed": base.seed + 1000 * factor,
+                    "relabel_targets": False,  # held out: the instructed target only
+                }
             )
         for name, job in jobs.items():
             folder = self.root / "data" / name

@@ -43,11 +43,12 @@ _SCENE = """
 <mujoco model="vlmr_tabletop">
   <option timestep="0.01" gravity="0 0 0"/>
   <visual><quality shadowsize="0"/><global offwidth="256" offheight="256"/></visual>
+  {table_asset}
   <worldbody>
     <light pos="0 0 2" dir="0 0 -1" castshadow="false" diffuse="0.8 0.8 0.8"/>
     <camera name="top" pos="0 0 1.05" xyaxes="1 0 0 0 1 0" fovy="45"/>
     <camera name="front" pos="0 -0.85 0.75" xyaxes="1 0 0 0 0.66 0.75" fovy="45"/>
-    <geom name="table" type="plane" size="0.45 0.45 0.01" rgba="0.55 0.5 0.45 1" contype="0" conaffinity="0"/>
+    <geom name="table" type="plane" size="0.45 0.45 0.01" {table_look} contype="0" conaffinity="0"/>
     {walls}
     {markers}
     <body name="ee" pos="0 0 {ee_z}">
@@ -76,9 +77,9 @@ def _walls() -> str:
     )
 
 
-def _marker(name: str, shape: str) -> str:
+def _marker(name: str, shape: str, radius: float = MARKER_RADIUS) -> str:
     """A flat, non-colliding coloured marker (a reach target disc or a goal zone square)."""
-    size = f"{MARKER_RADIUS} 0.002" if shape == "disc" else "0.06 0.06 0.002"
+    size = f"{radius} 0.002" if shape == "disc" else "0.06 0.06 0.002"
     geom_type = "cylinder" if shape == "disc" else "box"
     return (
         f'<body name="{name}" mocap="true" pos="0 0 0.002">'
@@ -96,17 +97,48 @@ def _block(name: str) -> str:
     )
 
 
-def build_model(markers: list[tuple[str, str]], blocks: list[str]) -> mujoco.MjModel:
+TABLES = ("plain", "gradient")
+TABLE_TEXTURE = 64  # texels per side of the `gradient` table
+
+
+def _gradient_table() -> np.ndarray:
+    """(H, W, 3) uint8 table texture whose shade tells where on the table a patch is: lighter toward +x,
+    warmer toward +y, darker toward −y (low saturation, so no colour word fits it). A vision tower with
+    only relative positions (rotary) can then read a patch's absolute place from its content."""
+    v, u = np.meshgrid(np.linspace(0, 1, TABLE_TEXTURE), np.linspace(0, 1, TABLE_TEXTURE), indexing="ij")
+    light = 0.36 + 0.34 * u
+    tint = 0.08 * (2 * v - 1)
+    rgb = np.stack([light + tint, 0.95 * light, 0.9 * light - tint], axis=-1)
+    return (np.clip(rgb, 0, 1) * 255).round().astype(np.uint8)
+
+
+def build_model(
+    markers: list[tuple[str, str]], blocks: list[str], table: str = "plain", marker_radius: float = MARKER_RADIUS
+) -> mujoco.MjModel:
+    if table not in TABLES:
+        raise ValueError(f"table {table!r}; expected one of {TABLES}")
+    gradient = table == "gradient"
+    asset = (
+        f'<asset><texture name="table" type="2d" builtin="flat" rgb1="1 1 1" width="{TABLE_TEXTURE}" '
+        f'height="{TABLE_TEXTURE}"/><material name="table" texture="table"/></asset>'
+    )
     xml = _SCENE.format(
+        table_asset=asset if gradient else "",
+        table_look='material="table"' if gradient else 'rgba="0.55 0.5 0.45 1"',
         walls=_walls(),
-        markers="\n".join(_marker(name, shape) for name, shape in markers),
+        markers="\n".join(_marker(name, shape, marker_radius) for name, shape in markers),
         blocks="\n".join(_block(name) for name in blocks),
         ee_z=EE_RADIUS,
         ee_radius=EE_RADIUS,
-        marker_radius=MARKER_RADIUS,
+        marker_radius=marker_radius,
         speed=MAX_SPEED,
     )
-    return mujoco.MjModel.from_xml_string(xml)
+    model = mujoco.MjModel.from_xml_string(xml)
+    if gradient:  # texture data is set before any renderer uploads it
+        texture = model.texture("table").id
+        start = model.tex_adr[texture]
+        model.tex_data[start : start + TABLE_TEXTURE**2 * 3] = _gradient_table()[::-1].ravel()
+    return model
 
 
 @dataclass
@@ -137,6 +169,8 @@ class TabletopEnv(gym.Env):
         reward_type: str = "sparse",
         terminate_on_success: bool = True,
         num_distractors: int = 2,
+        table: str = "plain",
+        marker_radius: float = MARKER_RADIUS,
     ):
         if render_mode not in (None, "rgb_array"):
             raise ValueError(f"render_mode {render_mode!r}; expected None or 'rgb_array'")
@@ -146,7 +180,7 @@ class TabletopEnv(gym.Env):
             raise ValueError(f"reward_type {reward_type!r}; expected 'sparse' or 'dense'")
         self.render_mode, self.width, self.height, self.camera = render_mode, width, height, camera
         self.reward_type, self.terminate_on_success = reward_type, terminate_on_success
-        self.num_distractors = num_distractors
+        self.num_distractors, self.table, self.marker_radius = num_distractors, table, marker_radius
         self.model = self._build_model()
         self.data = mujoco.MjData(self.model)
         self._renderer: mujoco.Renderer | None = None
@@ -288,7 +322,12 @@ class ReachEnv(TabletopEnv):
         return 1 + self.num_distractors
 
     def _build_model(self) -> mujoco.MjModel:
-        return build_model([(f"target{i}", "disc") for i in range(self.num_targets)], blocks=[])
+        return build_model(
+            [(f"target{i}", "disc") for i in range(self.num_targets)],
+            blocks=[],
+            table=self.table,
+            marker_radius=self.marker_radius,
+        )
 
     def _sample_layout(self, rng: np.random.Generator) -> Layout:
         names = list(COLOURS)
@@ -304,10 +343,22 @@ class ReachEnv(TabletopEnv):
             self._set_marker(f"target{i}", position)
         self.data.qpos[0:2] = layout.ee_start
         mujoco.mj_forward(self.model, self.data)
+        self._target_start = np.linalg.norm(layout.positions - layout.ee_start, axis=1)
 
     @property
     def instruction(self) -> str:
         return f"reach the {self.layout.colours[self.layout.target]} target"
+
+    def _info(self) -> dict:
+        """Adds, for relabelling (`vlmr collect` with relabel_targets), every target's instruction and
+        geometric progress toward it: `target_instructions` ("|"-joined) and `target_progress`."""
+        info = super()._info()
+        if hasattr(self, "layout"):
+            distances = np.linalg.norm(self.layout.positions - self.ee_position, axis=1)
+            progress = np.clip(1.0 - distances / np.maximum(self._target_start, 1e-6), 0.0, 1.0)
+            info["target_progress"] = np.where(distances < self.success_distance, 1.0, progress)
+            info["target_instructions"] = "|".join(f"reach the {colour} target" for colour in self.layout.colours)
+        return info
 
     @property
     def goal_position(self) -> np.ndarray:
@@ -354,7 +405,7 @@ class PushEnv(TabletopEnv):
 
     def _build_model(self) -> mujoco.MjModel:
         markers = [(f"zone{i}", "square") for i in range(self.num_zones)]
-        return build_model(markers, blocks=[f"block{i}" for i in range(self.num_blocks)])
+        return build_model(markers, blocks=[f"block{i}" for i in range(self.num_blocks)], table=self.table)
 
     def _sample_layout(self, rng: np.random.Generator) -> Layout:
         names = list(COLOURS)

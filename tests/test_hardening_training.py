@@ -406,6 +406,39 @@ def test_long_episodes_are_subsampled_to_the_frame_budget(tmp_path):
     assert augmented.batch(1).labels.shape[1] <= 5
 
 
+def test_clip_frames_caps_training_clips_and_keeps_the_first_frame(tmp_path):
+    dataset = small_episodes(tmp_path / "long", num_episodes=3, num_frames=12)
+    capped = ProgressBatches(dataset, 8, Augment(mismatch=0, reverse=0, rewind=0, stall=0), 0, clip_frames=4)
+    orders = set()
+    for step in range(3):
+        batch = capped.batch(step)
+        assert batch.labels.shape[1] == 4
+        for request, labels in zip(batch.requests, batch.labels):
+            episode = dataset[request.key.episode]
+            np.testing.assert_array_equal(request.frames[0], episode.frames[0])  # the first frame stays
+            np.testing.assert_allclose(labels[0].item(), episode.progress[0])
+            np.testing.assert_allclose(labels[-1].item(), episode.progress[request.key.frame])
+            assert all(np.isclose(episode.progress, label).any() for label in labels.numpy())
+            orders.add(request.key.frame)
+    assert len(orders) > 1  # random subsets, not one fixed spacing
+    positions = capped._cap(np.arange(12), np.random.default_rng(0))
+    assert positions[0] == 0 and len(positions) == 4 and (np.diff(positions) > 0).all()
+    mixed = ProgressBatches(dataset, 16, Augment(mismatch=0.3, reverse=0.2, rewind=0.3, stall=0.2), 0, clip_frames=4)
+    assert all(request.num_frames <= 4 for request in mixed.batch(1).requests)
+    plain = ProgressBatches(dataset, 4, Augment(mismatch=0, reverse=0, rewind=0, stall=0), seed=0)
+    assert all(request.num_frames == 12 for request in plain.batch(0).requests)
+    shuffled = ProgressBatches(dataset, 4, Augment(mismatch=0, reverse=0, rewind=0, stall=0), 0, 5, 4, True)
+    orders = [shuffled._cap(np.arange(12), np.random.default_rng(seed)) for seed in range(20)]
+    assert all(order[0] == 0 and len(order) == 4 and len(set(order)) == 4 for order in orders)
+    assert any((np.diff(order) < 0).any() for order in orders)  # not always in time order
+    whole = ProgressBatches(dataset, 4, Augment(mismatch=0, reverse=0, rewind=0, stall=0), 0, clip_shuffle=True)
+    order = whole._cap(np.arange(12), np.random.default_rng(1))
+    assert order[0] == 0 and sorted(order) == list(range(12))  # no cap: every frame, shuffled after the first
+    for request, labels in zip(shuffled.batch(0).requests, shuffled.batch(0).labels):
+        episode = dataset[request.key.episode]
+        np.testing.assert_allclose(labels[-1].item(), episode.progress[request.key.frame])
+
+
 # ----------------------------------------------------------------------------- 11: no rich/tqdm in library code
 
 

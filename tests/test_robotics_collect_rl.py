@@ -32,6 +32,31 @@ def test_collect_cli_writes_a_readable_episode_dataset(tmp_path):
     assert "reach the" in expert.instruction and expert.reference.shape == (1, 16, 16, 3)
 
 
+def test_relabel_targets_writes_each_rollout_once_per_target(tmp_path):
+    from robotics.collect import collect
+    from robotics.config import CollectConfig
+
+    env = {"num_envs": 2, "width": 16, "height": 16, "max_episode_steps": 20, "table": "gradient"}
+    config = CollectConfig(output=str(tmp_path / "relabel"), env=env, episodes={"expert": 2, "wrong_object": 1},
+                           views=[], frame_stride=1, relabel_targets=True, goal_reference=False)  # fmt: skip
+    episodes = list(collect(config))
+    assert len(episodes) == 3 * 3  # 3 rollouts x (named target + 2 distractors)
+    for start in range(0, 9, 3):
+        named, *others = episodes[start : start + 3]
+        assert named.policy in ("expert", "wrong_object") and named.reference is None
+        assert all(o.policy == f"{named.policy}_relabelled" for o in others)
+        assert len({named.instruction, *(o.instruction for o in others)}) == 3  # one per target colour
+        for other in others:
+            assert np.array_equal(other.frames, named.frames) and other.progress[0] == 0
+            assert not np.array_equal(other.progress, named.progress)
+        if named.policy == "wrong_object":  # it reached a distractor: that relabelled copy succeeds
+            assert not named.success and sum(o.success for o in others) == 1
+        else:
+            assert named.success and named.progress[-1] == 1 and not any(o.success for o in others)
+    with pytest.raises(ValueError, match="goal_reference"):
+        collect(config.model_copy(update={"goal_reference": True}))
+
+
 def test_stage_labels_follow_the_stages():
     before = [{"progress": 0.0, "is_success": False, "stage": stage} for stage in (0, 0, 1, 1)]
     infos = before + [{"progress": 1.0, "is_success": True, "stage": 2}] * 2

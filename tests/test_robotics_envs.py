@@ -25,6 +25,36 @@ def test_env_passes_gymnasium_checker(env_id):
 
 
 @pytest.mark.parametrize("env_id", TASKS)
+def test_gradient_table_shades_by_position_and_changes_nothing_else(env_id):
+    from robotics.config import EnvConfig
+    from robotics.envs import make_env
+
+    plain = gym.make(env_id, render_mode="rgb_array", width=32, height=32)
+    shaded = make_env(EnvConfig(id=env_id, width=32, height=32, table="gradient"))
+    obs, info = plain.reset(seed=5)
+    obs_shaded, info_shaded = shaded.reset(seed=5)
+    assert np.array_equal(obs, obs_shaded) and info["instruction"] == info_shaded["instruction"]
+    frame = info_shaded["frames"]["top"].astype(int)
+    corners = [frame[3, 3], frame[3, -4], frame[-4, 3], frame[-4, -4]]  # table, off the markers
+    assert len({tuple(c) for c in corners}) == 4  # each corner of the table looks different
+    assert frame[16, -4].sum() > frame[16, 3].sum()  # lighter toward +x
+    plain_frame = plain.unwrapped.render().astype(int)
+    assert np.array_equal(plain_frame[3, 3], plain_frame[-4, -4])  # the plain table is uniform
+    with pytest.raises(ValueError, match="table"):
+        gym.make(env_id, table="checker")
+    if env_id == "vlmr/Reach-v0":  # bigger drawn targets: more target-coloured pixels, same physics
+        big = make_env(EnvConfig(id=env_id, width=32, height=32, marker_radius=0.08))
+        obs_big, info_big = big.reset(seed=5)
+        assert np.array_equal(obs, obs_big)
+
+        def coloured(image):
+            image = image.astype(int)
+            return int(((image.max(-1) - image.min(-1)) > 120).sum())
+
+        assert coloured(info_big["frames"]["top"]) > 1.5 * coloured(plain.unwrapped.render())
+
+
+@pytest.mark.parametrize("env_id", TASKS)
 def test_seeded_resets_repeat_and_differ(env_id):
     env = gym.make(env_id)
     first, info = env.reset(seed=7)

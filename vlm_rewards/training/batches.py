@@ -46,10 +46,17 @@ class ProgressBatches:
     """
 
     def __init__(
-        self, dataset: EpisodeDataset, batch_size: int, augment: Augment, seed: int, max_frames: int | None = None
+        self,
+        dataset: EpisodeDataset,
+        batch_size: int,
+        augment: Augment,
+        seed: int,
+        max_frames: int | None = None,
+        clip_frames: int | None = None,
+        clip_shuffle: bool = False,
     ):
         self.dataset, self.batch_size, self.augment, self.seed = dataset, batch_size, augment, seed
-        self.max_frames = max_frames
+        self.max_frames, self.clip_frames, self.clip_shuffle = max_frames, clip_frames, clip_shuffle
         self.episode_ids = dataset.episode_ids
         self.instructions = dataset.instructions
 
@@ -72,7 +79,8 @@ class ProgressBatches:
         augment, draw = self.augment, rng.random()
         if draw < augment.mismatch:
             text = mismatched_instruction(record.instruction, self.instructions, rng)
-            return replace(self.dataset.to_request(record, base), text=text), np.zeros(len(base), np.float32)
+            indices = self._cap(base, rng)
+            return replace(self.dataset.to_request(record, indices), text=text), np.zeros(len(indices), np.float32)
         draw -= augment.mismatch
         if draw < augment.reverse:
             indices, labels = reversed_clip(base, progress)
@@ -89,7 +97,17 @@ class ProgressBatches:
         if self.max_frames is not None and len(indices) > self.max_frames:
             keep = subsample_indices(len(indices), self.max_frames)
             indices, labels = indices[keep], labels[keep]
-        return self.dataset.to_request(record, indices), labels
+        keep = self._cap(np.arange(len(indices)), rng)
+        return self.dataset.to_request(record, indices[keep]), labels[keep]
+
+    def _cap(self, positions: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """`positions` cut to `clip_frames`: the first, then a random subset of the rest, in order or
+        (`clip_shuffle`) shuffled."""
+        size = len(positions) if self.clip_frames is None else min(len(positions), self.clip_frames)
+        if len(positions) <= size and not (self.clip_shuffle and size > 2):
+            return positions
+        rest = rng.choice(np.arange(1, len(positions)), size=size - 1, replace=False)
+        return positions[np.concatenate([[0], rest if self.clip_shuffle else np.sort(rest)])]
 
 
 class PreferenceBatches:

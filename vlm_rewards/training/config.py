@@ -76,6 +76,13 @@ class DataSettings(JobConfig):
         default_factory=lambda: SyntheticData(num_episodes=64, num_pairs=256, seed=1000)
     )
     augment: Augment = pydantic.Field(default_factory=Augment)
+    # progress RM: training clips keep at most this many frames, the clip's first frame and a random
+    # ordered subset of the rest (after augmentation), so a frame's place in the clip does not tell
+    # its progress and steps get cheaper; None: whole clips (up to model.reward.max_frames)
+    clip_frames: int | None = pydantic.Field(None, ge=2)
+    # progress RM: after the first frame, training clips show their frames in random order (labels follow
+    # the frames), so only what a frame shows (against the first frame) predicts its label, never its place
+    clip_shuffle: bool = False
     margin_scale: float = pydantic.Field(0.0, ge=0)  # preference: BT margin = margin_scale × the pair's margin
 
 

@@ -79,7 +79,13 @@ def run_training(config: TrainRMConfig, track: Track | None = None) -> dict[str,
         model = _build_model(config)
     batches = (
         ProgressBatches(
-            train_data, config.optim.batch_size, config.data.augment, config.seed, config.model.reward.max_frames
+            train_data,
+            config.optim.batch_size,
+            config.data.augment,
+            config.seed,
+            config.model.reward.max_frames,
+            config.data.clip_frames,
+            config.data.clip_shuffle,
         )
         if task == "progress"
         else PreferenceBatches(train_data, config.optim.batch_size, config.seed)

@@ -465,30 +465,21 @@ class KVCacheSession(RewardSession):
         pixel_values, image_grid_thw = pixel_values.to(device), image_grid_thw.to(device)
         input_ids, positions = input_ids.to(device), positions.to(device)
         features = self._vision(pixel_values, image_grid_thw) if self._vision is not None else None
+        cached = dict(attention_mask=attention_mask, position_ids=positions, past_key_values=cache, use_cache=True)
+        backbone = network.backbone
         if features is None:
-            hidden = network.backbone(
+            hidden = backbone(
                 input_ids=input_ids,
-                attention_mask=attention_mask,
-                position_ids=positions,
-                past_key_values=cache,
-                use_cache=True,
                 pixel_values=pixel_values,
                 image_grid_thw=image_grid_thw,
                 mm_token_type_ids=mm_token_type_ids.to(device),
+                **cached,
             ).last_hidden_state
         else:  # the model's forward, its steps written out: embed, place the image features, run the LM
-            backbone = network.backbone
             embeds = backbone.get_input_embeddings()(input_ids)
             image_mask = (input_ids == backbone.config.image_token_id).unsqueeze(-1).expand_as(embeds)
             embeds = embeds.masked_scatter(image_mask, features.to(embeds.dtype))
-            hidden = backbone.language_model(
-                input_ids=None,
-                inputs_embeds=embeds,
-                attention_mask=attention_mask,
-                position_ids=positions,
-                past_key_values=cache,
-                use_cache=True,
-            ).last_hidden_state
+            hidden = backbone.language_model(input_ids=None, inputs_embeds=embeds, **cached).last_hidden_state
 
         # Every readout of every stream through the head in one call.
         rows = torch.cat([torch.full((len(layout.readouts),), b, dtype=torch.long) for b, layout in enumerate(layouts)])

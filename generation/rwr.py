@@ -12,9 +12,7 @@ resume are GRPO's (`generation.train.run_grpo` with this epoch step).
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Iterable
-from dataclasses import replace
 
 import numpy as np
 import pydantic
@@ -23,12 +21,11 @@ from accelerate import Accelerator
 
 from generation.config import GRPOConfig
 from generation.ema import ParameterEMA
-from generation.grpo import combined_advantages, reward_diagnostics
 from generation.models import ImageGenerator
 from generation.pretrain import flow_matching_loss
-from generation.rewards import RewardSet, collect_rollouts
-from generation.sampling import Rollout, sample_rollout
-from generation.train import batch_prompts, derived_seed, run_grpo
+from generation.rewards import RewardSet
+from generation.sampling import Rollout
+from generation.train import derived_seed, run_grpo, sample_epoch
 
 
 class RWRConfig(GRPOConfig):
@@ -39,9 +36,11 @@ def run_rwr(config: RWRConfig, track: Callable[..., Iterable] | None = None) -> 
     """Train; returns the history (metric -> [(epoch, value)]), as `run_grpo` does."""
     if config.mixed_precision != "no" or config.sampling.guidance_scale > 1:
         raise ValueError("rwr: mixed precision and CFG are not supported; set mixed_precision: no, guidance_scale: 1")
-    # ODE sampling has no SDE window: one "step" per trajectory, so no gradient accumulation either
-    ode_window = config.sampling.model_copy(update={"window_size": 1, "window_starts": None})
-    return run_grpo(config.model_copy(update={"sampling": ode_window}), track, epoch_step=rwr_epoch)
+    # the ODE sampler, each image from its own noise; no SDE window, so no gradient accumulation either
+    ode = config.sampling.model_copy(
+        update={"noise_level": 0.0, "same_noise_in_group": False, "window_size": 1, "window_starts": None}
+    )
+    return run_grpo(config.model_copy(update={"sampling": ode}), track, epoch_step=rwr_epoch)
 
 
 def rwr_epoch(
@@ -54,22 +53,12 @@ def rwr_epoch(
     epoch: int,
     ema: ParameterEMA | None = None,
 ) -> dict[str, float]:
-    """Sample by ODE, score, weight by exp(advantage / temperature), fit the weighted flow-matching loss."""
-    ode = replace(config.sampling.sampler(), noise_level=0.0, same_noise_in_group=False)
-
-    def sample_batch(batch: int) -> Rollout:
-        seed = derived_seed(config.seed, epoch, batch, accelerator.process_index)
-        return sample_rollout(generator, batch_prompts(config, seed), ode, seed, denoiser)
-
-    denoiser.eval()
-    rollout, scores, timings = asyncio.run(collect_rollouts(sample_batch, config.train.batches_per_epoch, rewards))
-    advantages = combined_advantages(
-        scores.trained, rewards.weights, rollout.prompts, config.rewards.aggregation, config.train.advantage_epsilon
-    )
+    """Sample (by ODE: `run_rwr` sets the sampler), score, weight by exp(advantage / temperature), fit the
+    weighted flow-matching loss."""
+    rollout, advantages, logs = sample_epoch(accelerator, generator, denoiser, rewards, config, epoch)
     weights = np.exp(advantages.values / config.temperature)
     weights /= weights.mean()
-    logs = reward_diagnostics(scores.trained, scores.gold) | timings
-    logs |= {"zero_std_ratio": advantages.zero_std_ratio, "rwr/max_weight": float(weights.max())}
+    logs |= {"rwr/max_weight": float(weights.max())}
     return logs | fit_weighted(accelerator, generator, denoiser, optimizer, rollout, weights, config, epoch, ema)
 
 

@@ -68,13 +68,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image
 from transformers import DynamicCache
 
 from vlm_rewards.interface import RewardSession, RewardSpec, validate_clip
 from vlm_rewards.models.inputs import IMAGE_PLACEHOLDER, TokenBlock
 from vlm_rewards.models.reward_network import RewardNetwork
 from vlm_rewards.models.tokenizer import IM_START
+from vlm_rewards.models.vision import resize_frames
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), each (B, kv_heads, L, head_dim)
 MAX_LAYOUTS = 1024  # cached layouts / positions / vision grids (shapes seen; an RL run sees a handful)
@@ -298,7 +298,7 @@ class KVCacheSession(RewardSession):
             raise ValueError(
                 f"views[{index}]: views {sorted(views)}, stream {index} began with {sorted(stream.view_sizes)}"
             )
-        resized = [_resize(frames, size)]
+        resized = [resize_frames(frames, *size)]
         for view_name in sorted(views):
             view = views[view_name]
             where = f"views[{index}][{view_name!r}]"
@@ -310,7 +310,7 @@ class KVCacheSession(RewardSession):
                     f"{where}: frames of {view.shape[1]}x{view.shape[2]}, stream {index} began with "
                     f"{stream.view_sizes[view_name][0]}x{stream.view_sizes[view_name][1]}"
                 )
-            resized.append(_resize(view, view_size))
+            resized.append(resize_frames(view, *view_size))
         images = [view[t] for t in range(count) for view in resized]  # per step: main view, then views by name
         return _Piece(stream.prefix, images, views_per_step=len(resized))
 
@@ -511,16 +511,6 @@ def _fast_vision(backbone: torch.nn.Module) -> _Qwen25Vision | None:
     if visual not in _VISIONS:
         _VISIONS[visual] = _Qwen25Vision(visual)
     return _VISIONS[visual]
-
-
-def _resize(frames: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    """`vision.resize_frames` for a checked clip: PIL bicubic per frame, none if it has the size already."""
-    height, width = size
-    if frames.shape[1:3] == (height, width):
-        return frames
-    return np.stack(
-        [np.asarray(Image.fromarray(frame).resize((width, height), Image.Resampling.BICUBIC)) for frame in frames]
-    )
 
 
 class _Qwen25Vision:

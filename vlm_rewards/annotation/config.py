@@ -81,7 +81,9 @@ class DecodeConfig(_Section):
     def pool_size(self) -> int:
         """`workers`, or one per usable core but the one the reward (or the GPU's feeder) runs on: on a
         2-core machine two decode processes slow a CPU reward by ~7 % for decoding it does not need."""
-        return self.workers or max(1, len(os.sched_getaffinity(0)) - 1)
+        # the cores this process may run on: its affinity where the OS has one (Linux), else all of them
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        return self.workers or max(1, cores - 1)
 
 
 class LeRobotOutputConfig(_Section):

@@ -1,4 +1,6 @@
+import importlib
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ from vlm_rewards.config import apply_overrides, load_job_config, safe_load_stric
 from vlm_rewards.demo import DemoConfig
 
 runner = CliRunner()
+REPO = Path(__file__).parents[1]
 
 
 def test_overrides_set_nested_keys_and_parse_yaml_values():
@@ -115,3 +118,35 @@ def test_duplicate_yaml_keys_are_errors_naming_file_line_and_key(tmp_path):
     merged = safe_load_strict("base: &b {p: 1, q: 2}\nrun:\n  <<: *b\n  p: 3\n")
     assert merged["run"] == {"p": 3, "q": 2}
     assert safe_load_strict("a: [1, {b: 2}]\n") == {"a": [1, {"b": 2}]}
+
+
+JOB_CONFIGS = {
+    "train-rm": "vlm_rewards.training.config:TrainRMConfig",
+    "eval-rm": "vlm_rewards.evaluation.evaluate:EvalRMConfig",
+    "annotate": "vlm_rewards.annotation.config:AnnotateConfig",
+    "collect": "robotics.config:CollectConfig",
+    "rl": "robotics.config:RLConfig",
+    "pipeline": "robotics.pipeline:PipelineConfig",
+}
+
+
+def _configs_for_job() -> list[tuple[str, str]]:
+    """Every shipped YAML whose first line names its command, `# vlmr <job> configs/...`."""
+    found = []
+    for path in sorted((REPO / "configs").rglob("*.yaml")):
+        header = path.read_text().split("\n", 1)[0].split()  # "#", "vlmr", job, path, ...
+        named_here = len(header) >= 4 and header[1] == "vlmr" and header[3] == str(path.relative_to(REPO))
+        if named_here and header[2] in JOB_CONFIGS:
+            found.append((header[2], header[3]))
+    return found
+
+
+@pytest.mark.parametrize("job, path", _configs_for_job())
+def test_every_job_config_loads_into_its_job(job, path):
+    module, name = JOB_CONFIGS[job].split(":")
+    load_job_config(getattr(importlib.import_module(module), name), REPO / path)
+
+
+def test_job_configs_are_found():
+    jobs = {job for job, _ in _configs_for_job()}
+    assert jobs == set(JOB_CONFIGS), f"no shipped config found for {set(JOB_CONFIGS) - jobs}"

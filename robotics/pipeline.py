@@ -364,6 +364,7 @@ def write_report(
         "voc_reversed",
         "voc_random",
         "mismatch_accuracy",
+        "instruction_sensitivity",
         "success_auc",
         *sorted(k for k in next(iter(rm_metrics.values())) if k.startswith("reward_policy_")),
     ]
@@ -375,7 +376,8 @@ def write_report(
     lines += [
         "",
         "An RM that reads the frames has VOC expert near 1 and VOC reversed near −1, and its own instruction "
-        "beats another's (mismatch_accuracy near 1); VOC reversed close to VOC expert means it scores by frame "
+        "beats another's (mismatch_accuracy near 1; instruction_sensitivity near 0 means it ignores the "
+        "instruction); VOC reversed close to VOC expert means it scores by frame "
         "position, not by what it sees.",
     ]
     lines += [

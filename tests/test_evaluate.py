@@ -1,4 +1,5 @@
 import json
+import zlib
 
 import numpy as np
 import pytest
@@ -15,6 +16,12 @@ def clock(request: RewardRequest) -> RewardResult:
     return RewardResult(reward=float(progress[-1]), progress=progress)
 
 
+def instructed_clock(request: RewardRequest) -> RewardResult:
+    """A clock whose final value depends on the instruction's text."""
+    progress = np.linspace(0, 1, request.num_frames) * (zlib.crc32(request.text.encode()) % 100 + 1) / 100
+    return RewardResult(reward=float(progress[-1]), progress=progress)
+
+
 def small_eval(tmp_path, reward, **overrides) -> EvalRMConfig:
     synthetic = SyntheticData(num_episodes=24, num_pairs=16, num_frames=8, seed=7)
     return EvalRMConfig(reward=reward, synthetic=synthetic, output_dir=tmp_path, **overrides)
@@ -25,6 +32,7 @@ def test_pixel_baseline_tracks_progress_but_ignores_language(tmp_path):
     assert metrics["voc_expert"] > 0.6 and metrics["voc_reversed"] < 0
     assert metrics["success_auc"] > 0.8
     assert metrics["mismatch_accuracy"] == 0.0  # the goal image, not the instruction, drives it
+    assert metrics["instruction_sensitivity"] == 0.0
     assert json.loads((tmp_path / "metrics.json").read_text())["voc_expert"] == metrics["voc_expert"]
     assert (tmp_path / "progress_curves.png").stat().st_size > 1000
 
@@ -36,6 +44,15 @@ def test_a_clock_is_caught_by_reversed_clips(tmp_path):
     assert metrics["voc_reversed"] == pytest.approx(1.0)  # a real progress model must go negative here
     assert metrics["voc_random"] == pytest.approx(1.0)
     assert metrics["pair_accuracy"] == 0.5  # single images: every pair is a tie
+    assert metrics["instruction_sensitivity"] == 0.0
+
+
+def test_instruction_sensitivity_is_the_mean_change_of_the_final_reward(tmp_path):
+    reward = {"kind": "function", "function": "tests.test_evaluate:instructed_clock", "dense": True}
+    metrics = run_eval(small_eval(tmp_path, reward, evaluate_pairs=False))
+    mean_change = abs(metrics["reward_matched_instruction"] - metrics["reward_mismatched_instruction"])
+    assert metrics["instruction_sensitivity"] >= mean_change - 1e-12  # mean |a − b| ≥ |mean a − mean b|
+    assert metrics["instruction_sensitivity"] > 0.05
 
 
 def test_frame_pair_accuracy():
@@ -63,3 +80,4 @@ def test_a_single_task_dataset_has_no_instruction_metrics(tmp_path):
     metrics = run_eval(EvalRMConfig(reward=reward, episodes=tmp_path / "episodes", output_dir=tmp_path / "eval"))
     assert metrics["voc_expert"] == pytest.approx(1.0)
     assert np.isnan(metrics["mismatch_accuracy"]) and np.isnan(metrics["reward_mismatched_instruction"])
+    assert np.isnan(metrics["instruction_sensitivity"])

@@ -142,6 +142,9 @@ def evaluate_progress(
         "mismatch_accuracy": float((matched_rewards[both_scored] > mismatched_rewards[both_scored]).mean())
         if both_scored.any()
         else float("nan"),
+        # how much the final reward moves at all when the instruction changes: near 0, the RM ignores the text
+        # (an accuracy near ½ cannot tell ignoring from noisy use)
+        "instruction_sensitivity": _nanmean(np.abs(matched_rewards - mismatched_rewards)[both_scored]),
         **{
             f"reward_policy_{policy}": _nanmean(final_rewards[[rec.policy == policy for rec in records]])
             for policy in sorted({rec.policy for rec in records if rec.policy})

@@ -363,6 +363,7 @@ def write_report(
         "voc_expert",
         "voc_reversed",
         "voc_random",
+        "pixel_sensitivity",
         "mismatch_accuracy",
         "instruction_sensitivity",
         "success_auc",
@@ -377,8 +378,8 @@ def write_report(
         "",
         "An RM that reads the frames has VOC expert near 1 and VOC reversed near −1, and its own instruction "
         "beats another's (mismatch_accuracy near 1; instruction_sensitivity near 0 means it ignores the "
-        "instruction); VOC reversed close to VOC expert means it scores by frame "
-        "position, not by what it sees.",
+        "instruction); VOC reversed close to VOC expert, or pixel_sensitivity near 0, means it scores by "
+        "frame position, not by what it sees.",
     ]
     lines += [
         "",

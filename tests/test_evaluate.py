@@ -33,6 +33,7 @@ def test_pixel_baseline_tracks_progress_but_ignores_language(tmp_path):
     assert metrics["success_auc"] > 0.8
     assert metrics["mismatch_accuracy"] == 0.0  # the goal image, not the instruction, drives it
     assert metrics["instruction_sensitivity"] == 0.0
+    assert metrics["pixel_sensitivity"] > 0.05  # a still first frame never gets closer to the goal
     assert json.loads((tmp_path / "metrics.json").read_text())["voc_expert"] == metrics["voc_expert"]
     assert (tmp_path / "progress_curves.png").stat().st_size > 1000
 
@@ -45,6 +46,7 @@ def test_a_clock_is_caught_by_reversed_clips(tmp_path):
     assert metrics["voc_random"] == pytest.approx(1.0)
     assert metrics["pair_accuracy"] == 0.5  # single images: every pair is a tie
     assert metrics["instruction_sensitivity"] == 0.0
+    assert metrics["pixel_sensitivity"] == 0.0  # blind to the frames, as reversed clips also show
 
 
 def test_instruction_sensitivity_is_the_mean_change_of_the_final_reward(tmp_path):

@@ -114,6 +114,11 @@ def evaluate_progress(
     reversed_results = _with_progress(
         score_in_batches(reward, reversed_clips, batch_size, "reversed clips", track), reversed_clips
     )
+    frozen_clips = [_first_frame_throughout(requests[i]) for i in experts]
+    frozen_results = _with_progress(
+        score_in_batches(reward, frozen_clips, batch_size, "first frame throughout", track), frozen_clips
+    )
+    pixel_changes = [np.abs(results[i].progress - frozen.progress) for i, frozen in zip(experts, frozen_results)]
     instructions = dataset.instructions
     # a single-task dataset has no other instruction to swap in: its instruction metrics are NaN
     swapped = experts if len(set(instructions)) > 1 else []
@@ -137,6 +142,9 @@ def evaluate_progress(
         )
         if scored_episodes.any()
         else float("nan"),
+        # how much per-frame progress moves when every frame shows the first one: near 0, the RM scores by
+        # frame position, not by what it sees
+        "pixel_sensitivity": _nanmean(np.concatenate(pixel_changes)) if pixel_changes else float("nan"),
         "reward_matched_instruction": _nanmean(matched_rewards),
         "reward_mismatched_instruction": _nanmean(mismatched_rewards),
         "mismatch_accuracy": float((matched_rewards[both_scored] > mismatched_rewards[both_scored]).mean())
@@ -230,6 +238,16 @@ def _with_progress(results: list[RewardResult], requests: Sequence[RewardRequest
         replace(result, progress=np.full(request.num_frames, np.nan)) if result.progress is None else result
         for result, request in zip(results, requests)
     ]
+
+
+def _first_frame_throughout(request: RewardRequest) -> RewardRequest:
+    """The clip with its first time step shown at every step (main view and extra views alike)."""
+
+    def still(frames: np.ndarray) -> np.ndarray:
+        return np.repeat(frames[:1], len(frames), 0)
+
+    views = None if request.views is None else {name: still(frames) for name, frames in request.views.items()}
+    return replace(request, frames=still(request.frames), views=views)
 
 
 def _nanmean(values: np.ndarray) -> float:

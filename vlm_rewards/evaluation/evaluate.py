@@ -114,7 +114,7 @@ def evaluate_progress(
     reversed_results = _with_progress(
         score_in_batches(reward, reversed_clips, batch_size, "reversed clips", track), reversed_clips
     )
-    frozen_clips = [_first_frame_throughout(requests[i]) for i in experts]
+    frozen_clips = [dataset.to_request(records[i], [0] * records[i].num_frames) for i in experts]
     frozen_results = _with_progress(
         score_in_batches(reward, frozen_clips, batch_size, "first frame throughout", track), frozen_clips
     )
@@ -238,16 +238,6 @@ def _with_progress(results: list[RewardResult], requests: Sequence[RewardRequest
         replace(result, progress=np.full(request.num_frames, np.nan)) if result.progress is None else result
         for result, request in zip(results, requests)
     ]
-
-
-def _first_frame_throughout(request: RewardRequest) -> RewardRequest:
-    """The clip with its first time step shown at every step (main view and extra views alike)."""
-
-    def still(frames: np.ndarray) -> np.ndarray:
-        return np.repeat(frames[:1], len(frames), 0)
-
-    views = None if request.views is None else {name: still(frames) for name, frames in request.views.items()}
-    return replace(request, frames=still(request.frames), views=views)
 
 
 def _nanmean(values: np.ndarray) -> float:

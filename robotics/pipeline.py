@@ -192,19 +192,20 @@ class Pipeline:
         evaluation seed) as training goes: does the reward stay faithful off the demo distribution?"""
         from robotics.envs import make_env
         from vlm_rewards.evaluation.metrics import voc
-        from vlm_rewards.interface import RewardRequest
+        from vlm_rewards.interface import REFERENCE, RewardRequest
         from vlm_rewards.media import read_clip
         from vlm_rewards.registry import build_reward
 
+        reward = build_reward(str(reward_yaml))
         env = make_env(self.config.env)
         env.reset(seed=self.config.rl.eval.seed_start)
         instruction = env.unwrapped.instruction
+        goal = env.unwrapped.render_goal(self.config.env.camera)[None] if REFERENCE in reward.spec.requires else None
         env.close()
-        reward = build_reward(str(reward_yaml))
         history = {}
         for run_dir in run_dirs:
             videos = sorted((run_dir / "videos").glob("eval_*.mp4"))
-            requests = [RewardRequest(read_clip(video), instruction) for video in videos]
+            requests = [RewardRequest(read_clip(video), instruction, reference=goal) for video in videos]
             results = reward.score(requests) if requests else []
             history[run_dir.name] = [
                 {

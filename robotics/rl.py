@@ -23,7 +23,7 @@ from robotics.callbacks import EvalCheckpointCallback, RewardCallback, evaluate_
 from robotics.config import RLConfig
 from robotics.envs import make_env, make_sb3_vec
 from robotics.reward_wrapper import SB3VecReward
-from vlm_rewards.interface import RewardModel
+from vlm_rewards.interface import REFERENCE, RewardModel
 from vlm_rewards.registry import build_reward
 
 logger = logging.getLogger("vlm_rewards.robotics.rl")
@@ -63,7 +63,8 @@ class RLRun:
         env_reward = "dense" if config.reward.source == "dense" else "sparse"
         uses_reward = self.reward is not None
         cameras = self._wrapper_cameras() if uses_reward else [config.env.camera]
-        goal_image = uses_reward and (wrapper.goal_image or config.reward.source == "goal_image")
+        # A reward that needs a reference image (the goal-image baseline, a goal-conditioned RM) gets the goal render.
+        goal_image = uses_reward and (wrapper.goal_image or REFERENCE in self.reward.spec.requires)
         venv = make_sb3_vec(
             config.env, seed=config.seed, cameras=cameras, reward_type=env_reward, goal_image=goal_image
         )

@@ -110,6 +110,21 @@ def test_tiny_sac_run_with_the_dense_reward(tmp_path):
     assert (tmp_path / "sac/checkpoints/replay_buffer.pkl").is_file()
 
 
+def test_a_learned_reward_that_needs_a_goal_image_gets_the_goal_render(tmp_path):
+    config = RLConfig(
+        run_dir=str(tmp_path / "goal_rm"), algo="sac", total_timesteps=24, env=TINY_ENV,
+        reward={"source": "learned", "config": "configs/rewards/goal_pixel_progress.yaml"},
+        sac={"learning_starts": 12, "batch_size": 8, "buffer_size": 100}, eval={"every": 24, "episodes": 1,
+        "video": False}, checkpoint_every=24,
+    )  # fmt: skip
+    assert not config.reward.wrapper.goal_image
+    run = RLRun(config)
+    assert run.train()["timesteps"] == 24
+    run.close()
+    monitor = [json.loads(line) for line in (tmp_path / "goal_rm/monitor.jsonl").read_text().splitlines()]
+    assert monitor and np.isfinite(monitor[-1]["reward/learned_progress"])
+
+
 def test_rl_config_refuses_inconsistent_settings():
     with pytest.raises(ValueError, match="gamma"):
         RLConfig(reward={"source": "goal_image", "wrapper": {"gamma": 0.9}})

@@ -1,12 +1,15 @@
 """The README's main job (`vlmr pipeline`) in a reduced size, and its report helpers."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 from typer.testing import CliRunner
 
-from robotics.pipeline import hacking_check, steps_to_reach, success_statistics
+from robotics.envs import make_env
+from robotics.pipeline import Pipeline, PipelineConfig, hacking_check, steps_to_reach, success_statistics
 from vlm_rewards.cli import app
+from vlm_rewards.media import write_video
 
 runner = CliRunner()
 REDUCED = [
@@ -44,6 +47,23 @@ def test_pipeline_runs_every_stage_then_resumes_without_redoing_them(tmp_path):
     result = runner.invoke(app, ["pipeline", f"output_dir={out}", *REDUCED])
     assert result.exit_code == 0, result.output
     assert {path: path.stat().st_mtime_ns for path in stamps} == stamps
+
+
+def test_rollout_voc_gives_a_goal_conditioned_reward_the_goal_render(tmp_path):
+    config = PipelineConfig(output_dir=str(tmp_path), env={"width": 32, "height": 32, "max_episode_steps": 8})
+    env = make_env(config.env)
+    env.reset(seed=config.rl.eval.seed_start)
+    frames = [env.render()]
+    for _ in range(5):
+        env.step(env.action_space.sample())
+        frames.append(env.render())
+    env.close()
+    run = tmp_path / "rl" / "learned_seed0"
+    (run / "videos").mkdir(parents=True)
+    write_video(run / "videos" / "eval_100.mp4", np.stack(frames))
+    history = Pipeline(config).rollout_voc(Path("configs/rewards/goal_pixel_progress.yaml"), [run])
+    (entry,) = history["learned_seed0"]
+    assert entry["timesteps"] == 100 and 0.0 <= entry["final_progress"] <= 1.0
 
 
 def _write_jsonl(path, rows):

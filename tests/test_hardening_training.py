@@ -261,6 +261,27 @@ def test_lr_schedule_length_counts_processes():
     assert lrs[-1] == pytest.approx(0.0, abs=1e-12) and lrs[-2] > 0
 
 
+def test_head_only_updates_hold_the_backbone_then_warm_it_up():
+    config = load_job_config(
+        TrainRMConfig, overrides=["optim.steps=8", "optim.warmup_steps=2", "optim.head_only_updates=3"]
+    )
+    backbone, head = torch.nn.Linear(2, 2), torch.nn.Linear(2, 1)
+    groups = [{"params": backbone.parameters(), "name": "backbone"}, {"params": head.parameters(), "name": "head"}]
+    optimizer = torch.optim.AdamW(groups, lr=1.0)
+    scheduler = build_scheduler(optimizer, config, num_processes=1)
+    lrs = []
+    for _ in range(8):
+        lrs.append(scheduler.get_last_lr())
+        optimizer.step()
+        scheduler.step()
+    backbone_lrs, head_lrs = zip(*lrs)
+    assert backbone_lrs[:4] == (0.0, 0.0, 0.0, 0.0) and backbone_lrs[4] == pytest.approx(0.5)  # its own warmup
+    assert head_lrs[:3] == pytest.approx([0.0, 0.5, 1.0])
+    assert max(backbone_lrs) == pytest.approx(1.0) and backbone_lrs[-1] > 0 and scheduler.get_last_lr()[0] == 0.0
+    with pytest.raises(ValueError, match="head_only_updates"):
+        load_job_config(TrainRMConfig, overrides=["optim.steps=8", "optim.head_only_updates=8"])
+
+
 def test_lora_stays_out_of_the_vision_tower(backbone_dir):
     bare = Lora(enabled=True, r=2, target_modules=["q_proj", "gate_proj", "up_proj", "down_proj"])
     model = RewardNetwork.from_backbone(backbone_dir, RewardNetworkConfig())

@@ -61,6 +61,12 @@ def test_training_writes_a_usable_reward_model(tmp_path, task_overrides):
     assert [step for step, _ in history["train/loss"]] == list(range(1, 7))
 
 
+def test_head_only_updates_train_the_head_before_the_backbone(tmp_path):
+    run_training(tiny_config(tmp_path, "optim.warmup_steps=0", "optim.head_only_updates=4"))
+    backbone_lrs = [lr for _, lr in json.loads((tmp_path / "history.json").read_text())["train/lr"]]
+    assert backbone_lrs[:3] == [0.0, 0.0, 0.0] and backbone_lrs[3] > 0  # the lr of the update after each step
+
+
 def test_resume_continues_exactly_where_it_stopped(tmp_path, monkeypatch):
     uninterrupted = tmp_path / "uninterrupted"
     run_training(tiny_config(uninterrupted))

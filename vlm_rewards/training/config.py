@@ -97,6 +97,10 @@ class Optimization(JobConfig):
     lr: float = pydantic.Field(5e-4, gt=0)  # peak, after warmup; cosine decay to 0 at the last update
     weight_decay: float = pydantic.Field(0.01, ge=0)
     warmup_steps: int = pydantic.Field(100, ge=0)  # optimizer updates of linear warmup
+    # Linear probing before fine-tuning (LP-FT): for this many optimizer updates only the reward head
+    # learns, then the backbone joins with its own warmup. A fresh head's first gradients otherwise
+    # reshape the stage-1 features it is meant to read (instruction grounding among them).
+    head_only_updates: int = pydantic.Field(0, ge=0)
     grad_clip: float = pydantic.Field(1.0, gt=0)
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"  # auto: bf16 on GPUs that have it
 
@@ -106,6 +110,11 @@ class Optimization(JobConfig):
             raise ValueError(
                 f"steps ({self.steps}) must be a multiple of gradient_accumulation ({self.gradient_accumulation}): "
                 "steps counts micro-steps, and the last one must update the weights"
+            )
+        if self.head_only_updates >= self.steps // self.gradient_accumulation:
+            raise ValueError(
+                f"head_only_updates ({self.head_only_updates}) must be below the run's optimizer updates "
+                f"({self.steps // self.gradient_accumulation}), or the backbone never trains"
             )
         return self
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
 import shutil
 from pathlib import Path
@@ -27,7 +28,6 @@ import numpy as np
 import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
-from transformers import get_cosine_schedule_with_warmup
 
 from vlm_rewards.data.build import SyntheticData, Track, open_episodes, open_pairs, untracked
 from vlm_rewards.evaluation.evaluate import evaluate_pair_dataset, evaluate_progress
@@ -91,7 +91,10 @@ def run_training(config: TrainRMConfig, track: Track | None = None) -> dict[str,
         else PreferenceBatches(train_data, config.optim.batch_size, config.seed)
     )
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=config.optim.lr, weight_decay=config.optim.weight_decay)
+    head = [p for p in model.head.parameters() if p.requires_grad]
+    backbone = [p for name, p in model.named_parameters() if p.requires_grad and not name.startswith("head.")]
+    groups = [{"params": backbone, "name": "backbone"}, {"params": head, "name": "head"}]
+    optimizer = torch.optim.AdamW(groups, lr=config.optim.lr, weight_decay=config.optim.weight_decay)
     scheduler = build_scheduler(optimizer, config, accelerator.num_processes)
     model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
     accelerator.init_trackers("train_rm", config={"task": task, "lr": config.optim.lr, "seed": config.seed})
@@ -186,11 +189,31 @@ def build_scheduler(optimizer: torch.optim.Optimizer, config: TrainRMConfig, num
     accelerate's `AcceleratedScheduler` (split_batches=False, step_with_optimizer=True) steps the
     wrapped scheduler only on sync (optimizer-update) micro-steps, and then `num_processes` times:
     so the schedule's length is updates × processes, its warmup warmup_steps × processes.
+    A param group named "backbone" stays at lr 0 for `optim.head_only_updates`, then runs the same
+    schedule over the remaining updates.
     """
-    updates = config.optim.steps // config.optim.gradient_accumulation
-    return get_cosine_schedule_with_warmup(
-        optimizer, config.optim.warmup_steps * num_processes, updates * num_processes
-    )
+    optim = config.optim
+    updates = optim.steps // optim.gradient_accumulation * num_processes
+    warmup, probe = optim.warmup_steps * num_processes, optim.head_only_updates * num_processes
+    schedule = _cosine_with_warmup(warmup, updates)
+    after_probe = _cosine_with_warmup(warmup, updates - probe)
+
+    def backbone(step: int) -> float:
+        return 0.0 if step < probe else after_probe(step - probe)
+
+    lambdas = [backbone if group.get("name") == "backbone" else schedule for group in optimizer.param_groups]
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambdas)
+
+
+def _cosine_with_warmup(warmup: int, total: int):
+    """LR factor: linear from 0 over `warmup` steps, then half a cosine down to 0 at `total`."""
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return step / max(1, warmup)
+        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * (step - warmup) / max(1, total - warmup))))
+
+    return factor
 
 
 def tiny_backbone_dir(config: TrainRMConfig) -> Path:

@@ -127,6 +127,7 @@ JOB_CONFIGS = {
     "collect": "robotics.config:CollectConfig",
     "rl": "robotics.config:RLConfig",
     "pipeline": "robotics.pipeline:PipelineConfig",
+    "grounding-sets": "robotics.grounding:GroundingConfig",
 }
 
 

@@ -257,6 +257,14 @@ def collect(args: JobArgs = None) -> None:
     run_config_job(CollectConfig, lambda config: run_collect(config, tqdm_track), args)
 
 
+@app.command("grounding-sets")
+def grounding_sets(args: JobArgs = None) -> None:
+    """Probe sets from Reach episodes: does an RM match the colour word to the pixels (presence), or read only one?"""
+    from robotics.grounding import GroundingConfig, build_grounding_set
+
+    run_config_job(GroundingConfig, lambda config: build_grounding_set(config, tqdm_track), args)
+
+
 @app.command()
 def rl(args: JobArgs = None) -> None:
     """Train PPO or SAC on a MuJoCo task with a sparse, dense, learned or goal-image reward."""

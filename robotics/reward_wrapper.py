@@ -63,7 +63,7 @@ class RewardWrapperConfig(pydantic.BaseModel, extra="forbid"):
     normalize_center: bool = False  # scale-only keeps the sign of the reward (a success stays a gain)
     camera: str = "top"
     views: list[str] = []  # extra cameras sent as `views` (for rewards that read several cameras)
-    goal_image: bool = False  # send the env's goal render as `reference` (goal-image rewards)
+    goal_image: bool = False  # send the env's goal render as `reference` (`vlmr rl`: on for any reward that needs one)
     reward_every: int = pydantic.Field(1, ge=0, description="1: every step; k: every k steps; 0: rollout end")
     async_inference: bool = False
     on_error: Literal["raise", "env_reward"] = "raise"  # env_reward: fall back for that call, logged

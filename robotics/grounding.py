@@ -29,7 +29,7 @@ import numpy as np
 import pydantic
 
 from robotics.config import EnvConfig
-from robotics.tasks import COLOURS
+from robotics.tasks import COLOURS, reach_instruction
 from vlm_rewards.config import JobConfig
 from vlm_rewards.data.build import Track, untracked
 from vlm_rewards.data.episodes import EpisodeDataset, EpisodeRecord, write_episodes
@@ -95,7 +95,7 @@ def grounding_records(config: GroundingConfig, track: Track | None = None) -> It
             yield replace(
                 record,
                 episode_id=episode_id,
-                instruction=record.instruction.replace(named, colour),
+                instruction=reach_instruction(colour),
                 frames=record.frames[keep],
                 progress=np.full(len(keep), label, np.float32),
                 success=bool(label),

@@ -312,6 +312,11 @@ def _one_hot(index: int, size: int) -> np.ndarray:
     return vector
 
 
+def reach_instruction(colour: str) -> str:
+    """The Reach instruction naming the `colour` target."""
+    return f"reach the {colour} target"
+
+
 class ReachEnv(TabletopEnv):
     """Move the end-effector onto the named coloured target; success within 0.04 of its centre."""
 
@@ -347,7 +352,7 @@ class ReachEnv(TabletopEnv):
 
     @property
     def instruction(self) -> str:
-        return f"reach the {self.layout.colours[self.layout.target]} target"
+        return reach_instruction(self.layout.colours[self.layout.target])
 
     def _info(self) -> dict:
         """Adds, for relabelling (`vlmr collect` with relabel_targets), every target's instruction and
@@ -357,7 +362,7 @@ class ReachEnv(TabletopEnv):
             distances = np.linalg.norm(self.layout.positions - self.ee_position, axis=1)
             progress = np.clip(1.0 - distances / np.maximum(self._target_start, 1e-6), 0.0, 1.0)
             info["target_progress"] = np.where(distances < self.success_distance, 1.0, progress)
-            info["target_instructions"] = "|".join(f"reach the {colour} target" for colour in self.layout.colours)
+            info["target_instructions"] = "|".join(reach_instruction(colour) for colour in self.layout.colours)
         return info
 
     @property

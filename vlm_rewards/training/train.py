@@ -90,9 +90,9 @@ def run_training(config: TrainRMConfig, track: Track | None = None) -> dict[str,
         if task == "progress"
         else PreferenceBatches(train_data, config.optim.batch_size, config.seed)
     )
-    trainable = [p for p in model.parameters() if p.requires_grad]
     head = [p for p in model.head.parameters() if p.requires_grad]
     backbone = [p for name, p in model.named_parameters() if p.requires_grad and not name.startswith("head.")]
+    trainable = backbone + head
     groups = [{"params": backbone, "name": "backbone"}, {"params": head, "name": "head"}]
     optimizer = torch.optim.AdamW(groups, lr=config.optim.lr, weight_decay=config.optim.weight_decay)
     scheduler = build_scheduler(optimizer, config, accelerator.num_processes)

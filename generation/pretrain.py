@@ -22,7 +22,7 @@ import torch
 
 from generation.config import ModelSettings, TinyModel
 from generation.models import ImageGenerator, PromptEmbeddings, predict, save_tiny_generator
-from generation.shapes_t2i import Split, gold_accuracy, prompts, render
+from generation.shapes_t2i import Holdout, Split, gold_accuracy, prompts, render
 from generation.train import build_generator
 from vlm_rewards.config import JobConfig
 
@@ -37,6 +37,7 @@ class PretrainConfig(JobConfig):
         default_factory=lambda: TinyModel(resolution=32, layers=4, heads=4, head_dim=32, text_dim=64, patch_size=4)
     )
     train_split: Split = "train"  # "all" would show the model the held-out combinations too
+    holdout: Holdout = "triples"  # which combinations "held_out" means (generation.shapes_t2i)
     steps: int = 2000
     batch_size: int = 64
     lr: float = 1e-3
@@ -56,7 +57,7 @@ def run_pretrain(config: PretrainConfig, track: Callable[..., Iterable] | None =
     warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / config.warmup_steps))
     rng = np.random.default_rng(config.seed)
     noise_rng = torch.Generator().manual_seed(config.seed)
-    train_prompts = prompts(config.train_split)
+    train_prompts = prompts(config.train_split, config.holdout)
     history: dict[str, list] = {}
     (config.output_dir / "metrics.jsonl").unlink(missing_ok=True)  # a fresh run, not a resumed one
     start = time.perf_counter()
@@ -105,7 +106,7 @@ def evaluate_splits(generator: ImageGenerator, config: PretrainConfig) -> dict[s
     logs = {}
     for split in ("train", "held_out"):
         results = gold_accuracy(
-            generator, prompts(split), config.eval_images_per_prompt, config.eval_num_steps, config.seed
+            generator, prompts(split, config.holdout), config.eval_images_per_prompt, config.eval_num_steps, config.seed
         )
         logs |= {f"eval/{split}/{name}": value for name, value in results.items()}
     generator.denoiser.train()

@@ -67,6 +67,7 @@ def accuracy(
     config_path: Annotated[Path, typer.Argument(help="the GRPO config (model and sampling settings)")],
     checkpoint: Annotated[Path | None, typer.Option(help="a checkpoint folder of its run; none: the base")] = None,
     split: Annotated[str, typer.Option(help="train | held_out | all")] = "held_out",
+    holdout: Annotated[str, typer.Option(help="triples | pairs: which combinations held_out means")] = "triples",
     samples: Annotated[int, typer.Option(help="images per prompt")] = 4,
     best_of: Annotated[str, typer.Option(help="comma-separated N; each must divide --samples")] = "1",
     seed: int = 0,
@@ -75,9 +76,9 @@ def accuracy(
     config = load_job_config(GRPOConfig, config_path)
     generator = load_policy(config, checkpoint)
     ns = [int(n) for n in best_of.split(",")]
-    accuracies = best_of_n(generator, prompts(split), samples, ns, config.sampling.eval_num_steps, seed)
-    result = {"config": str(config_path), "checkpoint": str(checkpoint), "split": split, "samples": samples,
-              "seed": seed, "accuracy_best_of": accuracies}  # fmt: skip
+    accuracies = best_of_n(generator, prompts(split, holdout), samples, ns, config.sampling.eval_num_steps, seed)
+    result = {"config": str(config_path), "checkpoint": str(checkpoint), "split": split, "holdout": holdout,
+              "samples": samples, "seed": seed, "accuracy_best_of": accuracies}  # fmt: skip
     print(json.dumps(result))
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)

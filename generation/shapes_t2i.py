@@ -2,9 +2,12 @@
 
 Prompts follow one grammar, "a {colour} {shape} in the {region}", over the ShapesWorld vocabulary
 (`vlm_rewards.data.synthetic`: 6 colours × 3 shapes × 5 regions = 90 combinations, worded as the
-preference pairs the preference RM trains on). The held-out split keeps 15 combinations out of base
-training: those whose colour, shape and region indices sum to a multiple of 6. Every colour, shape
-and region, and every pair of them, is still seen in training; those triples are not.
+preference pairs the preference RM trains on). Two holdouts keep 15 combinations out of base training:
+- `triples`: those whose colour, shape and region indices sum to a multiple of 6. Every colour, shape
+  and region, and every pair of them, is still seen in training; those triples are not.
+- `pairs`: three colour–shape pairs (red circle, blue square, purple triangle) in every region. Each
+  colour is still seen with the other shapes and each shape with the other colours, but never
+  together: a compositional gap a base model can fail on.
 
 Ground truth is one object drawn by the ShapesWorld renderer near its region's centre (jittered by up
 to `JITTER` per axis) on ShapesWorld's grey table. The verifier reads an image back: saturated pixels
@@ -40,6 +43,7 @@ SATURATION = 60  # pixels with max - min channel below this are table (grey)
 COLOR_DISTANCE = 80  # a saturated pixel is a palette colour only within this RGB distance of it
 PROMPT = re.compile(rf"a ({'|'.join(COLORS)}) ({'|'.join(SHAPES)}) in the ({'|'.join(GOALS)})")
 Split = Literal["train", "held_out", "all"]
+Holdout = Literal["triples", "pairs"]
 
 
 @dataclass(frozen=True)
@@ -52,10 +56,11 @@ class ShapePrompt:
     def text(self) -> str:
         return f"a {self.color} {self.shape} in the {self.region}"
 
-    @property
-    def held_out(self) -> bool:
-        indices = list(COLORS).index(self.color) + SHAPES.index(self.shape) + list(GOALS).index(self.region)
-        return indices % 6 == 0
+    def held_out(self, holdout: Holdout = "triples") -> bool:
+        color, shape = list(COLORS).index(self.color), SHAPES.index(self.shape)
+        if holdout == "pairs":
+            return color == 2 * shape
+        return (color + shape + list(GOALS).index(self.region)) % 6 == 0
 
     @staticmethod
     def parse(text: str) -> ShapePrompt:
@@ -68,12 +73,12 @@ class ShapePrompt:
         return ShapePrompt(*match.groups())
 
 
-def prompts(split: Split = "all") -> list[str]:
-    """The benchmark's prompts in a fixed order: every combination, or the train or held-out ones."""
+def prompts(split: Split = "all", holdout: Holdout = "triples") -> list[str]:
+    """The benchmark's prompts in a fixed order: every combination, or one holdout's train or held-out ones."""
     every = [ShapePrompt(color, shape, region) for color in COLORS for shape in SHAPES for region in GOALS]
     if split == "all":
         return [prompt.text for prompt in every]
-    return [prompt.text for prompt in every if prompt.held_out == (split == "held_out")]
+    return [prompt.text for prompt in every if prompt.held_out(holdout) == (split == "held_out")]
 
 
 def render(prompt: str, rng: np.random.Generator, size: int = 32) -> np.ndarray:
@@ -99,13 +104,17 @@ class Verdict:
         return self.shape_margin > 0
 
     @property
+    def checks(self) -> dict[str, bool]:
+        return {
+            "presence": self.area >= MIN_AREA,
+            "position": self.distance <= MAX_DISTANCE,
+            "shape": self.shape_matches,
+            "clutter": self.clutter <= MAX_CLUTTER,
+        }
+
+    @property
     def correct(self) -> bool:
-        return (
-            self.area >= MIN_AREA
-            and self.distance <= MAX_DISTANCE
-            and self.shape_matches
-            and self.clutter <= MAX_CLUTTER
-        )
+        return all(self.checks.values())
 
     @property
     def score(self) -> float:
@@ -180,14 +189,16 @@ def iou(a: np.ndarray, b: np.ndarray) -> float:
 def gold_accuracy(
     generator: ImageGenerator, prompt_list: list[str], images_per_prompt: int, num_steps: int, seed: int
 ) -> dict[str, float]:
-    """ODE samples of each prompt from fixed-seed noise: the share the verifier passes and the mean score."""
+    """ODE samples of each prompt from fixed-seed noise: the share the verifier passes, the mean score, and
+    the share passing each check (`pass_presence`, `pass_shape`, ...: which one fails)."""
     repeated = [prompt for prompt in prompt_list for _ in range(images_per_prompt)]
     images = sample_deterministic(generator, repeated, num_steps, seed)
     verdicts = [verify(image, prompt) for image, prompt in zip(images, repeated)]
+    passes = {f"pass_{name}": float(np.mean([v.checks[name] for v in verdicts])) for name in verdicts[0].checks}
     return {
         "accuracy": float(np.mean([verdict.correct for verdict in verdicts])),
         "score": float(np.mean([verdict.score for verdict in verdicts])),
-    }
+    } | passes
 
 
 # ----------------------------------------------------------------------------- rewards (`kind: function`)

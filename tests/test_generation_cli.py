@@ -14,7 +14,8 @@ from vlm_rewards.cli import app
 from vlm_rewards.config import load_job_config
 
 CONFIGS_DIR = Path(__file__).parents[1] / "configs" / "grpo"
-PRETRAIN_CONFIGS = {"shapes_base"}  # `vlmr pretrain-generator` configs; the rest are `vlmr grpo` ones
+# `vlmr pretrain-generator` configs; the rest are `vlmr grpo` ones
+PRETRAIN_CONFIGS = {"shapes_base", "shapes_base_pairs"}
 CONFIGS = sorted(path for path in CONFIGS_DIR.glob("*.yaml") if path.stem not in PRETRAIN_CONFIGS)
 
 

@@ -2,6 +2,7 @@
 
 import itertools
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,11 +14,13 @@ from generation.sampling import sample_deterministic
 from generation.shapes_eval import best_of_n, load_policy
 from generation.shapes_t2i import ShapePrompt, prompts, render, verify
 from generation.train import run_grpo
+from vlm_rewards.config import load_job_config
 from vlm_rewards.data.synthetic import COLORS, GOALS, SHAPES
 from vlm_rewards.interface import RewardRequest
 from vlm_rewards.registry import build_reward
 from vlm_rewards.testing import check_reward
 
+CONFIGS_DIR = Path(__file__).parents[1] / "configs" / "grpo"
 VERIFIER = {"kind": "function", "function": "generation.shapes_t2i:verifier_score", "value_range": [0, 1]}
 REDNESS = {"kind": "function", "function": "generation.rule_rewards:redness", "value_range": [-1, 1]}
 ACCURACY = {"kind": "function", "function": "generation.shapes_t2i:accuracy", "value_range": [0, 1]}
@@ -33,6 +36,31 @@ def test_held_out_triples_leave_every_pair_of_attributes_in_training():
     for first, second in itertools.combinations(("color", "shape", "region"), 2):
         pairs = {(getattr(p, first), getattr(p, second)) for p in seen}
         assert len(pairs) == {"color": 6, "shape": 3, "region": 5}[first] * {"shape": 3, "region": 5}[second]
+
+
+def test_held_out_pairs_are_colour_shape_pairs_never_seen_together():
+    train, held_out = prompts("train", "pairs"), prompts("held_out", "pairs")
+    assert len(held_out) == 15 and set(train) | set(held_out) == set(prompts())
+    seen = [ShapePrompt.parse(text) for text in train]
+    missing = {(p.color, p.shape) for p in map(ShapePrompt.parse, held_out)}
+    assert missing == {("red", "circle"), ("blue", "square"), ("purple", "triangle")}
+    assert not missing & {(p.color, p.shape) for p in seen}
+    assert len({(p.color, p.region) for p in seen}) == 30 and len({(p.shape, p.region) for p in seen}) == 15
+
+
+@pytest.mark.parametrize(
+    ("grpo_config", "base_config"),
+    [
+        ("shapes_verifier", "shapes_base"),
+        ("shapes_proxy", "shapes_base"),
+        ("shapes_verifier_pairs", "shapes_base_pairs"),
+    ],
+)
+def test_shipped_grpo_configs_train_on_their_base_models_held_out_prompts(grpo_config, base_config):
+    grpo = load_job_config(GRPOConfig, CONFIGS_DIR / f"{grpo_config}.yaml")
+    base = load_job_config(PretrainConfig, CONFIGS_DIR / f"{base_config}.yaml")
+    assert Path(grpo.model.trained_tiny) == base.output_dir / "model"
+    assert grpo.train.prompts == grpo.train.eval_prompts == prompts("held_out", base.holdout)
 
 
 @pytest.mark.parametrize("size", [32, 64])
@@ -57,6 +85,8 @@ def test_verifier_fails_renders_of_the_wrong_colour_position_or_shape(attribute)
             assert not verdict.correct, (prompt, shown.text, verdict)
             # a wrong shape keeps half the soft score: the right colour in the right place is worth something
             assert verdict.score == (0.5 if attribute == "shape" else 0.0), (prompt, shown.text, verdict)
+            if attribute == "shape":  # only the shape check fails (a wrong colour or region fails several)
+                assert [name for name, passed in verdict.checks.items() if not passed] == ["shape"]
 
 
 def test_verifier_rewards_conform_to_the_interface_and_refuse_other_prompts():
@@ -78,6 +108,7 @@ def test_pretrained_base_saves_a_folder_that_grpo_trains(tmp_path):
     )  # fmt: skip
     history = run_pretrain(pretrain)
     assert [step for step, _ in history["eval/held_out/accuracy"]] == [3]
+    assert 0 <= history["eval/held_out/pass_shape"][0][1] <= 1  # which check fails is logged beside the accuracy
     folder = tmp_path / "base" / "model"
     loaded = load_tiny_generator(folder)
     assert loaded.latent_shape == (3, 16, 16) and not any(p.requires_grad for p in loaded.text_encoder.parameters())

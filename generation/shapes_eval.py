@@ -5,8 +5,11 @@ The generator is a GRPO config's model, with the LoRA of one of its run's checkp
 evaluation draws them. Best-of-N samples `--samples` images per prompt, splits them into disjoint
 groups of N, keeps each group's image with the highest soft verifier score and reports the gold
 accuracy of the kept ones: the inference-time baseline GRPO is compared with at equal sampled images.
+It also reports the share of all the images passing each of the verifier's checks, overall and per
+colour–shape pair (which check fails, and for which combinations).
 
     python -m generation.shapes_eval accuracy configs/grpo/shapes_verifier.yaml --split held_out --best-of 1,4,16
+    python -m generation.shapes_eval accuracy configs/grpo/shapes_verifier_pairs.yaml --holdout pairs --samples 8
     python -m generation.shapes_eval accuracy configs/grpo/shapes_verifier.yaml \
         --checkpoint runs/shapes_verifier/checkpoints/epoch_000030 --split train
     python -m generation.shapes_eval curves runs/shapes_verifier --output docs/results/img/curves.png
@@ -25,7 +28,7 @@ from safetensors.torch import load_file
 from generation.config import GRPOConfig
 from generation.models import ImageGenerator
 from generation.sampling import sample_deterministic
-from generation.shapes_t2i import prompts, verify
+from generation.shapes_t2i import ShapePrompt, Verdict, prompts, verify
 from generation.train import add_lora, build_generator
 from vlm_rewards.config import load_job_config
 
@@ -40,23 +43,41 @@ def load_policy(config: GRPOConfig, checkpoint: Path | None) -> ImageGenerator:
     return generator
 
 
-def best_of_n(
-    generator: ImageGenerator, prompt_list: list[str], samples: int, ns: list[int], num_steps: int, seed: int
-) -> dict[int, float]:
-    """N -> gold accuracy of the best-scoring image of each disjoint group of N (`samples` per prompt)."""
+def sample_verdicts(
+    generator: ImageGenerator, prompt_list: list[str], samples: int, num_steps: int, seed: int
+) -> list[list[Verdict]]:
+    """`samples` fixed-seed ODE images per prompt, each read by the verifier: one list per prompt."""
     repeated = [prompt for prompt in prompt_list for _ in range(samples)]
     images = sample_deterministic(generator, repeated, num_steps, seed)
     verdicts = [verify(image, prompt) for image, prompt in zip(images, repeated)]
-    scores = np.array([verdict.score for verdict in verdicts]).reshape(len(prompt_list), samples)
-    correct = np.array([verdict.correct for verdict in verdicts]).reshape(len(prompt_list), samples)
+    return [verdicts[i : i + samples] for i in range(0, len(verdicts), samples)]
+
+
+def best_of_n(verdicts: list[list[Verdict]], ns: list[int]) -> dict[int, float]:
+    """N -> gold accuracy of the best-scoring image of each disjoint group of N of a prompt's images."""
+    scores = np.array([[verdict.score for verdict in row] for row in verdicts])
+    correct = np.array([[verdict.correct for verdict in row] for row in verdicts])
     accuracies = {}
     for n in ns:
-        groups = samples // n
-        group_scores = scores[:, : groups * n].reshape(len(prompt_list), groups, n)
-        group_correct = correct[:, : groups * n].reshape(len(prompt_list), groups, n)
+        groups = scores.shape[1] // n
+        group_scores = scores[:, : groups * n].reshape(len(scores), groups, n)
+        group_correct = correct[:, : groups * n].reshape(len(scores), groups, n)
         picked = np.take_along_axis(group_correct, group_scores.argmax(axis=-1)[..., None], axis=-1)
         accuracies[n] = float(picked.mean())
     return accuracies
+
+
+def pass_rates(verdicts: list[list[Verdict]], prompt_list: list[str]) -> dict[str, dict[str, float]]:
+    """The share of images passing each check, over all prompts and per colour–shape pair: what fails where."""
+    groups: dict[str, list[Verdict]] = {"all": [v for row in verdicts for v in row]}
+    for prompt, row in zip(prompt_list, verdicts):
+        parsed = ShapePrompt.parse(prompt)
+        groups.setdefault(f"{parsed.color} {parsed.shape}", []).extend(row)
+    return {
+        name: {check: float(np.mean([v.checks[check] for v in group])) for check in group[0].checks}
+        | {"correct": float(np.mean([v.correct for v in group]))}
+        for name, group in groups.items()
+    }
 
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False)
@@ -65,6 +86,7 @@ app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False)
 @app.command()
 def accuracy(
     config_path: Annotated[Path, typer.Argument(help="the GRPO config (model and sampling settings)")],
+    overrides: Annotated[list[str] | None, typer.Argument(help="dotted.key=value overrides")] = None,
     checkpoint: Annotated[Path | None, typer.Option(help="a checkpoint folder of its run; none: the base")] = None,
     split: Annotated[str, typer.Option(help="train | held_out | all")] = "held_out",
     holdout: Annotated[str, typer.Option(help="triples | pairs: which combinations held_out means")] = "triples",
@@ -73,12 +95,14 @@ def accuracy(
     seed: int = 0,
     output: Annotated[Path | None, typer.Option(help="also write the result as JSON here")] = None,
 ) -> None:
-    config = load_job_config(GRPOConfig, config_path)
+    config = load_job_config(GRPOConfig, config_path, overrides or [])
     generator = load_policy(config, checkpoint)
-    ns = [int(n) for n in best_of.split(",")]
-    accuracies = best_of_n(generator, prompts(split, holdout), samples, ns, config.sampling.eval_num_steps, seed)
-    result = {"config": str(config_path), "checkpoint": str(checkpoint), "split": split, "holdout": holdout,
-              "samples": samples, "seed": seed, "accuracy_best_of": accuracies}  # fmt: skip
+    prompt_list = prompts(split, holdout)
+    verdicts = sample_verdicts(generator, prompt_list, samples, config.sampling.eval_num_steps, seed)
+    accuracies = best_of_n(verdicts, [int(n) for n in best_of.split(",")])
+    result = {"config": str(config_path), "overrides": overrides or [], "checkpoint": str(checkpoint), "split": split, "holdout": holdout,
+              "samples": samples, "seed": seed, "accuracy_best_of": accuracies,
+              "pass_rates": pass_rates(verdicts, prompt_list)}  # fmt: skip
     print(json.dumps(result))
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)

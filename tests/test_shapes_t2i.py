@@ -11,8 +11,8 @@ from generation.config import GRPOConfig
 from generation.models import load_tiny_generator
 from generation.pretrain import PretrainConfig, run_pretrain
 from generation.sampling import sample_deterministic
-from generation.shapes_eval import best_of_n, load_policy
-from generation.shapes_t2i import ShapePrompt, prompts, render, verify
+from generation.shapes_eval import best_of_n, load_policy, pass_rates, sample_verdicts
+from generation.shapes_t2i import ShapePrompt, Verdict, prompts, render, verify
 from generation.train import run_grpo
 from vlm_rewards.config import load_job_config
 from vlm_rewards.data.synthetic import COLORS, GOALS, SHAPES
@@ -89,6 +89,15 @@ def test_verifier_fails_renders_of_the_wrong_colour_position_or_shape(attribute)
                 assert [name for name, passed in verdict.checks.items() if not passed] == ["shape"]
 
 
+def test_best_of_n_keeps_the_best_scoring_image_and_pass_rates_say_which_check_failed():
+    right, wrong_shape = Verdict(1.0, 0.0, 0.2, 0.0), Verdict(1.0, 0.0, -0.2, 0.0)
+    verdicts = [[wrong_shape, right, wrong_shape, wrong_shape], [right, right, right, wrong_shape]]
+    assert best_of_n(verdicts, [1, 2, 4]) == {1: 0.5, 2: 0.75, 4: 1.0}
+    rates = pass_rates(verdicts, ["a red circle in the center", "a blue square in the top left"])
+    assert rates["all"] == {"presence": 1.0, "position": 1.0, "shape": 0.5, "clutter": 1.0, "correct": 0.5}
+    assert rates["red circle"]["shape"] == 0.25 and rates["blue square"]["correct"] == 0.75
+
+
 def test_verifier_rewards_conform_to_the_interface_and_refuse_other_prompts():
     rng = np.random.default_rng(2)
     requests = [RewardRequest(render(p, rng)[None], p) for p in prompts()[:6]]
@@ -142,8 +151,12 @@ def test_pretrained_base_saves_a_folder_that_grpo_trains(tmp_path):
     # shapes_eval reloads the trained policy from the checkpoint and reproduces the run's own evaluation
     policy = load_policy(config, tmp_path / "grpo" / "checkpoints" / "epoch_000001")
     assert any(p.abs().sum() > 0 for n, p in policy.denoiser.named_parameters() if "lora_B" in n)
-    accuracies = best_of_n(policy, held_out, samples=2, ns=[1, 2], num_steps=2, seed=config.seed)
+    verdicts = sample_verdicts(policy, held_out, samples=2, num_steps=2, seed=config.seed)
+    accuracies = best_of_n(verdicts, ns=[1, 2])
     assert set(accuracies) == {1, 2} and accuracies[1] == metrics[1]["eval/gold/accuracy"]
+    rates = pass_rates(verdicts, held_out)
+    pairs = {prompt.split(" in the ")[0].removeprefix("a ") for prompt in held_out}
+    assert rates["all"]["correct"] == accuracies[1] and set(rates) == {"all", *pairs}
 
     with pytest.raises(ValueError, match="is a 'flow' model, not 'flux'"):
         run_grpo(config.model_copy(update={"model": config.model.model_copy(update={"family": "flux"})}))

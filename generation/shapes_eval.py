@@ -100,9 +100,11 @@ def accuracy(
     prompt_list = prompts(split, holdout)
     verdicts = sample_verdicts(generator, prompt_list, samples, config.sampling.eval_num_steps, seed)
     accuracies = best_of_n(verdicts, [int(n) for n in best_of.split(",")])
-    result = {"config": str(config_path), "overrides": overrides or [], "checkpoint": str(checkpoint), "split": split, "holdout": holdout,
-              "samples": samples, "seed": seed, "accuracy_best_of": accuracies,
-              "pass_rates": pass_rates(verdicts, prompt_list)}  # fmt: skip
+    result = {
+        "config": str(config_path), "overrides": overrides or [], "checkpoint": str(checkpoint), "split": split,
+        "holdout": holdout, "samples": samples, "seed": seed, "accuracy_best_of": accuracies,
+        "pass_rates": pass_rates(verdicts, prompt_list),
+    }  # fmt: skip
     print(json.dumps(result))
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 
@@ -75,6 +75,9 @@ class ShapePrompt:
 
 def prompts(split: Split = "all", holdout: Holdout = "triples") -> list[str]:
     """The benchmark's prompts in a fixed order: every combination, or one holdout's train or held-out ones."""
+    for name, value, allowed in (("split", split, Split), ("holdout", holdout, Holdout)):
+        if value not in get_args(allowed):
+            raise ValueError(f"{name} {value!r}: expected one of {list(get_args(allowed))}")
     every = [ShapePrompt(color, shape, region) for color in COLORS for shape in SHAPES for region in GOALS]
     if split == "all":
         return [prompt.text for prompt in every]

@@ -46,6 +46,8 @@ def test_held_out_pairs_are_colour_shape_pairs_never_seen_together():
     assert missing == {("red", "circle"), ("blue", "square"), ("purple", "triangle")}
     assert not missing & {(p.color, p.shape) for p in seen}
     assert len({(p.color, p.region) for p in seen}) == 30 and len({(p.shape, p.region) for p in seen}) == 15
+    with pytest.raises(ValueError, match="holdout 'pair': expected one of"):
+        prompts("held_out", "pair")
 
 
 @pytest.mark.parametrize(

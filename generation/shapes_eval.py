@@ -27,8 +27,7 @@ from safetensors.torch import load_file
 
 from generation.config import GRPOConfig
 from generation.models import ImageGenerator
-from generation.sampling import sample_deterministic
-from generation.shapes_t2i import ShapePrompt, Verdict, prompts, verify
+from generation.shapes_t2i import ShapePrompt, Verdict, check_rates, prompts, sample_verdicts
 from generation.train import add_lora, build_generator
 from vlm_rewards.config import load_job_config
 
@@ -41,16 +40,6 @@ def load_policy(config: GRPOConfig, checkpoint: Path | None) -> ImageGenerator:
         generator.denoiser.load_state_dict(load_file(checkpoint / "model.safetensors"))
     generator.denoiser.eval()
     return generator
-
-
-def sample_verdicts(
-    generator: ImageGenerator, prompt_list: list[str], samples: int, num_steps: int, seed: int
-) -> list[list[Verdict]]:
-    """`samples` fixed-seed ODE images per prompt, each read by the verifier: one list per prompt."""
-    repeated = [prompt for prompt in prompt_list for _ in range(samples)]
-    images = sample_deterministic(generator, repeated, num_steps, seed)
-    verdicts = [verify(image, prompt) for image, prompt in zip(images, repeated)]
-    return [verdicts[i : i + samples] for i in range(0, len(verdicts), samples)]
 
 
 def best_of_n(verdicts: list[list[Verdict]], ns: list[int]) -> dict[int, float]:
@@ -73,11 +62,7 @@ def pass_rates(verdicts: list[list[Verdict]], prompt_list: list[str]) -> dict[st
     for prompt, row in zip(prompt_list, verdicts):
         parsed = ShapePrompt.parse(prompt)
         groups.setdefault(f"{parsed.color} {parsed.shape}", []).extend(row)
-    return {
-        name: {check: float(np.mean([v.checks[check] for v in group])) for check in group[0].checks}
-        | {"correct": float(np.mean([v.correct for v in group]))}
-        for name, group in groups.items()
-    }
+    return {name: check_rates(group) for name, group in groups.items()}
 
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False)

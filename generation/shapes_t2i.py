@@ -189,19 +189,33 @@ def iou(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.logical_and(a, b).sum() / union) if union else 0.0
 
 
+def sample_verdicts(
+    generator: ImageGenerator, prompt_list: list[str], images_per_prompt: int, num_steps: int, seed: int
+) -> list[list[Verdict]]:
+    """ODE samples of each prompt from fixed-seed noise, each read by the verifier: one list per prompt."""
+    repeated = [prompt for prompt in prompt_list for _ in range(images_per_prompt)]
+    images = sample_deterministic(generator, repeated, num_steps, seed)
+    verdicts = [verify(image, prompt) for image, prompt in zip(images, repeated)]
+    return [verdicts[i : i + images_per_prompt] for i in range(0, len(verdicts), images_per_prompt)]
+
+
+def check_rates(verdicts: list[Verdict]) -> dict[str, float]:
+    """The share of the verdicts passing each check, and passing all of them (`correct`)."""
+    rates = {name: float(np.mean([v.checks[name] for v in verdicts])) for name in verdicts[0].checks}
+    return rates | {"correct": float(np.mean([v.correct for v in verdicts]))}
+
+
 def gold_accuracy(
     generator: ImageGenerator, prompt_list: list[str], images_per_prompt: int, num_steps: int, seed: int
 ) -> dict[str, float]:
     """ODE samples of each prompt from fixed-seed noise: the share the verifier passes, the mean score, and
     the share passing each check (`pass_presence`, `pass_shape`, ...: which one fails)."""
-    repeated = [prompt for prompt in prompt_list for _ in range(images_per_prompt)]
-    images = sample_deterministic(generator, repeated, num_steps, seed)
-    verdicts = [verify(image, prompt) for image, prompt in zip(images, repeated)]
-    passes = {f"pass_{name}": float(np.mean([v.checks[name] for v in verdicts])) for name in verdicts[0].checks}
+    verdicts = [v for row in sample_verdicts(generator, prompt_list, images_per_prompt, num_steps, seed) for v in row]
+    rates = check_rates(verdicts)
     return {
-        "accuracy": float(np.mean([verdict.correct for verdict in verdicts])),
+        "accuracy": rates.pop("correct"),
         "score": float(np.mean([verdict.score for verdict in verdicts])),
-    } | passes
+    } | {f"pass_{name}": rate for name, rate in rates.items()}
 
 
 # ----------------------------------------------------------------------------- rewards (`kind: function`)

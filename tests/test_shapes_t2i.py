@@ -11,8 +11,8 @@ from generation.config import GRPOConfig
 from generation.models import load_tiny_generator
 from generation.pretrain import PretrainConfig, run_pretrain
 from generation.sampling import sample_deterministic
-from generation.shapes_eval import best_of_n, load_policy, pass_rates, sample_verdicts
-from generation.shapes_t2i import ShapePrompt, Verdict, prompts, render, verify
+from generation.shapes_eval import best_of_n, load_policy, pass_rates
+from generation.shapes_t2i import ShapePrompt, Verdict, prompts, render, sample_verdicts, verify
 from generation.train import run_grpo
 from vlm_rewards.config import load_job_config
 from vlm_rewards.data.synthetic import COLORS, GOALS, SHAPES
@@ -153,7 +153,7 @@ def test_pretrained_base_saves_a_folder_that_grpo_trains(tmp_path):
     # shapes_eval reloads the trained policy from the checkpoint and reproduces the run's own evaluation
     policy = load_policy(config, tmp_path / "grpo" / "checkpoints" / "epoch_000001")
     assert any(p.abs().sum() > 0 for n, p in policy.denoiser.named_parameters() if "lora_B" in n)
-    verdicts = sample_verdicts(policy, held_out, samples=2, num_steps=2, seed=config.seed)
+    verdicts = sample_verdicts(policy, held_out, images_per_prompt=2, num_steps=2, seed=config.seed)
     accuracies = best_of_n(verdicts, ns=[1, 2])
     assert set(accuracies) == {1, 2} and accuracies[1] == metrics[1]["eval/gold/accuracy"]
     rates = pass_rates(verdicts, held_out)

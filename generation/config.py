@@ -114,6 +114,9 @@ class GRPOConfig(JobConfig):
     eval_every: int = 2  # epochs; 0: never
     checkpoint_every: int = 2  # epochs; 0: never
     keep_checkpoints: int = 2
+    # a trained reward's name: the LoRA weights of the evaluation with its highest mean go to output_dir/best
+    # (model selection on the reward being trained, never on gold); None: off
+    keep_best_by: str | None = None
     resume: bool = True
 
     @pydantic.model_validator(mode="after")
@@ -136,6 +139,14 @@ class GRPOConfig(JobConfig):
         names = [entry.name for entry in self.rewards.trained + self.rewards.gold]
         if len(set(names)) != len(names):
             raise ValueError(f"rewards: names must be unique across trained and gold, got {names}")
+        trained = [entry.name for entry in self.rewards.trained]
+        if self.keep_best_by is not None and (
+            self.keep_best_by not in trained or not self.eval_every or not train.eval_prompts
+        ):
+            raise ValueError(
+                f"keep_best_by {self.keep_best_by!r}: needs eval_every > 0, eval prompts and one of the trained "
+                f"rewards {trained}"
+            )
         if self.model.family == "ddim" and self.sampling.method != "sde":
             raise ValueError("sampling.method 'cps' is for flow models; DDIM uses eta (sampling.noise_level)")
         from generation.sampling import stochastic_steps

@@ -13,6 +13,11 @@ colour–shape pair (which check fails, and for which combinations).
     python -m generation.shapes_eval accuracy configs/grpo/shapes_verifier.yaml \
         --checkpoint runs/shapes_verifier/checkpoints/epoch_000030 --split train
     python -m generation.shapes_eval curves runs/shapes_verifier --output docs/results/img/curves.png
+
+`pairs` writes a pair dataset (data/README.md) of the generator's own images, the verifier's preference
+as the label: the training set of a learned proxy reward that has seen the policy's kind of images.
+
+    python -m generation.shapes_eval pairs configs/grpo/shapes_verifier_pairs.yaml --output runs/generated_pairs
 """
 
 from __future__ import annotations
@@ -27,9 +32,11 @@ from safetensors.torch import load_file
 
 from generation.config import GRPOConfig
 from generation.models import ImageGenerator
-from generation.shapes_t2i import ShapePrompt, Verdict, check_rates, prompts, sample_verdicts
+from generation.sampling import sample_deterministic
+from generation.shapes_t2i import ShapePrompt, Verdict, check_rates, prompts, sample_verdicts, verify
 from generation.train import add_lora, build_generator
 from vlm_rewards.config import load_job_config
+from vlm_rewards.data.episodes import PreferencePair, write_pairs
 
 
 def load_policy(config: GRPOConfig, checkpoint: Path | None) -> ImageGenerator:
@@ -94,6 +101,47 @@ def accuracy(
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(json.dumps(result, indent=1))
+
+
+@app.command()
+def pairs(
+    config_path: Annotated[Path, typer.Argument(help="the GRPO config (model and sampling settings)")],
+    overrides: Annotated[list[str] | None, typer.Argument(help="dotted.key=value overrides")] = None,
+    output: Annotated[Path, typer.Option(help="the new pair folder")] = Path("runs/generated_pairs"),
+    checkpoint: Annotated[Path | None, typer.Option(help="a checkpoint folder of its run; none: the base")] = None,
+    split: Annotated[str, typer.Option(help="train | held_out | all")] = "all",
+    holdout: Annotated[str, typer.Option(help="triples | pairs: which combinations held_out means")] = "triples",
+    samples: Annotated[int, typer.Option(help="images per prompt")] = 16,
+    pairs_per_prompt: Annotated[int, typer.Option(help="at most this many pairs of a prompt's images")] = 16,
+    seed: int = 0,
+) -> None:
+    """Pairs of one prompt's ODE samples with different verifier scores: the higher one chosen, margin = the
+    score difference. Equal scores carry no preference and are not paired."""
+    config = load_job_config(GRPOConfig, config_path, overrides or [])
+    generator = load_policy(config, checkpoint)
+    prompt_list = prompts(split, holdout)
+    repeated = [prompt for prompt in prompt_list for _ in range(samples)]
+    images = sample_deterministic(generator, repeated, config.sampling.eval_num_steps, seed)
+    scores = np.array([verify(image, prompt).score for image, prompt in zip(images, repeated)])
+    rng = np.random.default_rng(seed)
+    found = []
+    for index, prompt in enumerate(prompt_list):
+        start = index * samples
+        candidates = [(start + a, start + b) for a in range(samples) for b in range(a + 1, samples)]
+        candidates = [(a, b) for a, b in candidates if scores[a] != scores[b]]
+        for choice in rng.permutation(len(candidates))[:pairs_per_prompt]:
+            better, worse = sorted(candidates[choice], key=lambda i: -scores[i])
+            found.append((prompt, better, worse))
+    dataset = write_pairs(
+        output,
+        (
+            PreferencePair(pair_id, prompt, images[better][None], images[worse][None], scores[better] - scores[worse])
+            for pair_id, (prompt, better, worse) in enumerate(found)
+        ),
+        generator={"config": str(config_path), "overrides": overrides or [], "checkpoint": str(checkpoint),
+                   "split": split, "holdout": holdout, "samples": samples, "seed": seed},
+    )  # fmt: skip
+    print(json.dumps({"output": str(output), "pairs": len(dataset), "prompts": len(prompt_list)}))
 
 
 @app.command()

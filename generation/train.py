@@ -74,6 +74,7 @@ def run_grpo(
     start_epoch, history = resume(accelerator, config) if config.resume else (0, {})
     if start_epoch == 0 and config.eval_every:  # the starting model, for comparison
         record(accelerator, config, history, evaluate(accelerator, generator, rewards, config, 0), 0)
+        keep_best(accelerator, denoiser, ema, config, history, 0)
     epochs = range(start_epoch, config.train.epochs)
     for epoch in track(epochs, "grpo epochs") if track else epochs:
         logs = epoch_step(accelerator, generator, denoiser, optimizer, rewards, config, epoch, ema)
@@ -81,6 +82,7 @@ def run_grpo(
             with ema.applied() if ema is not None else nullcontext():
                 logs |= evaluate(accelerator, generator, rewards, config, epoch + 1)
         record(accelerator, config, history, logs, epoch + 1)
+        keep_best(accelerator, denoiser, ema, config, history, epoch + 1)
         if config.checkpoint_every and (epoch + 1) % config.checkpoint_every == 0:
             save_checkpoint(accelerator, config, epoch + 1, history)
     accelerator.end_training()
@@ -369,6 +371,35 @@ def record(accelerator: Accelerator, config: GRPOConfig, history: dict, logs: di
         with open(config.output_dir / "metrics.jsonl", "a") as handle:
             handle.write(json.dumps({"epoch": epoch, **{k: _json_float(v) for k, v in logs.items()}}) + "\n")
     logger.info("epoch %d: %s", epoch, ", ".join(f"{k}={v:.4g}" for k, v in logs.items()))
+
+
+def keep_best(
+    accelerator: Accelerator,
+    denoiser: torch.nn.Module,
+    ema: ParameterEMA | None,
+    config: GRPOConfig,
+    history: dict,
+    epoch: int,
+) -> None:
+    """Saves the evaluated weights to output_dir/best when this epoch's evaluation of `keep_best_by` beats
+    every earlier one. The folder is what `shapes_eval --checkpoint` loads; it is staged and swapped in by renames.
+    """
+    metric = f"eval/reward/{config.keep_best_by}"
+    if config.keep_best_by is None or not accelerator.is_main_process or not history.get(metric):
+        return
+    *earlier, (last_epoch, value) = history[metric]
+    if last_epoch != epoch or any(previous >= value for _, previous in earlier):
+        return
+    best, staging, retired = (config.output_dir / name for name in ("best", "best.staging", "best.retired"))
+    for folder in (staging, retired):
+        shutil.rmtree(folder, ignore_errors=True)
+    with ema.applied() if ema is not None else nullcontext():
+        accelerator.save_model(denoiser, staging)
+    (staging / "best.json").write_text(json.dumps({"epoch": epoch, "metric": metric, "value": value}))
+    if best.exists():
+        best.rename(retired)
+    staging.rename(best)
+    shutil.rmtree(retired, ignore_errors=True)
 
 
 def checkpoints(output_dir: Path) -> list[tuple[int, Path]]:

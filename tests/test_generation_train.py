@@ -1,6 +1,7 @@
 """The trainer end to end on tiny random models: ratio 1, windows, overlap, checkpoints, bad input."""
 
 import asyncio
+import json
 import math
 import time
 
@@ -17,11 +18,13 @@ from generation.grpo import Advantages
 from generation.models import build_tiny_generator, check_generator, predict
 from generation.rewards import RewardSet, collect_rollouts
 from generation.sampling import Rollout, SamplerSettings, sample_rollout
+from generation.shapes_eval import load_policy
 from generation.train import (
     GradientAgreement,
     add_lora,
     build_generator,
     build_rewards,
+    evaluate,
     negative_embeddings,
     run_grpo,
     step_loss,
@@ -160,6 +163,24 @@ def test_a_training_step_with_a_rule_reward_changes_the_lora_weights_and_resumes
     assert [epoch for epoch, _ in resumed["zero_std_ratio"]] == [1, 2]  # epoch 1 restored, not rerun
 
 
+@pytest.mark.parametrize("ema_decay", [None, 0.5])
+def test_keep_best_by_saves_the_weights_of_the_best_evaluation(tmp_path, ema_decay):
+    train = {"epochs": 3, "lr": 3e-2, "clip_range": 0.2, "ema_decay": ema_decay}
+    config = tiny_config(tmp_path, train=train, keep_best_by="redness")
+    history = run_grpo(config)
+    evaluations = history["eval/reward/redness"]
+    assert len({value for _, value in evaluations}) > 1  # the policy moved: the choice is not trivial
+    best_epoch, best_value = max(evaluations, key=lambda item: (item[1], -item[0]))  # the first of equals
+    saved = json.loads((tmp_path / "best" / "best.json").read_text())
+    assert (saved["epoch"], saved["value"]) == (best_epoch, best_value)
+
+    policy = load_policy(config, tmp_path / "best")
+    reloaded = evaluate(
+        Accelerator(), policy, build_rewards(config), config.model_copy(update={"output_dir": tmp_path / "re"}), 0
+    )
+    assert reloaded["eval/reward/redness"] == pytest.approx(best_value, abs=1e-5)
+
+
 @pytest.mark.parametrize(("family", "noise_level"), [("ddim", 1.0), ("flux", 0.7)])
 def test_unet_and_flux_paths_train(tmp_path, family, noise_level):
     config = tiny_config(tmp_path, model={"family": family}, sampling={"num_steps": 3, "noise_level": noise_level})
@@ -239,6 +260,8 @@ def test_bad_rewards_fail_with_errors_naming_the_reward():
         ({"sampling": {"num_steps": 4, "window_size": 5}}, "window_size 5"),
         ({"sampling": {"num_steps": 4, "method": "cps", "window_size": 4}}, "window_size 4"),
         ({"rewards": {"trained": []}}, "at least one reward"),
+        ({"keep_best_by": "accuracy"}, "keep_best_by 'accuracy'"),
+        ({"keep_best_by": "redness", "eval_every": 0}, "needs eval_every > 0"),
     ],
 )
 def test_bad_configs_are_refused_before_any_compute(tmp_path, sections, message):

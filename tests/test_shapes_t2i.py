@@ -6,7 +6,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from typer.testing import CliRunner
 
+from generation import shapes_eval
 from generation.config import GRPOConfig
 from generation.models import load_tiny_generator
 from generation.pretrain import PretrainConfig, run_pretrain
@@ -15,6 +17,7 @@ from generation.shapes_eval import best_of_n, load_policy, pass_rates
 from generation.shapes_t2i import ShapePrompt, Verdict, prompts, render, sample_verdicts, verify
 from generation.train import run_grpo
 from vlm_rewards.config import load_job_config
+from vlm_rewards.data.episodes import PairDataset
 from vlm_rewards.data.synthetic import COLORS, GOALS, SHAPES
 from vlm_rewards.interface import RewardRequest
 from vlm_rewards.registry import build_reward
@@ -162,3 +165,32 @@ def test_pretrained_base_saves_a_folder_that_grpo_trains(tmp_path):
 
     with pytest.raises(ValueError, match="is a 'flow' model, not 'flux'"):
         run_grpo(config.model_copy(update={"model": config.model.model_copy(update={"family": "flux"})}))
+
+
+def test_generated_pairs_prefer_the_image_the_verifier_scores_higher(tmp_path, monkeypatch):
+    def correct_then_wrong_colour(generator, prompt_list, num_steps, seed):
+        rng = np.random.default_rng(seed)
+        images = []
+        for index, prompt in enumerate(prompt_list):
+            parsed = ShapePrompt.parse(prompt)
+            other = next(color for color in COLORS if color != parsed.color)
+            shown = prompt if index % 2 == 0 else prompt.replace(parsed.color, other, 1)
+            images.append(render(shown, rng))
+        return np.stack(images)
+
+    monkeypatch.setattr(shapes_eval, "sample_deterministic", correct_then_wrong_colour)
+    config_path = tmp_path / "grpo.yaml"
+    config_path.write_text(json.dumps({"rewards": {"trained": [{"name": "verifier", "config": VERIFIER}]}}))
+    arguments = ["pairs", str(config_path), "--output", str(tmp_path / "pairs"), "--split", "held_out",
+                 "--samples", "4", "--pairs-per-prompt", "3"]  # fmt: skip
+    result = CliRunner().invoke(shapes_eval.app, arguments)
+    assert result.exit_code == 0, result.output
+
+    dataset = PairDataset(tmp_path / "pairs")
+    # 4 images a prompt, 2 right and 2 wrong: 4 pairs with different scores, 3 kept
+    assert len(dataset) == 3 * len(prompts("held_out"))
+    for index in range(len(dataset)):
+        pair = dataset[index]
+        chosen, rejected = verify(pair.chosen[0], pair.prompt), verify(pair.rejected[0], pair.prompt)
+        assert chosen.correct and not rejected.correct
+        assert pair.margin == pytest.approx(chosen.score - rejected.score) and pair.margin > 0

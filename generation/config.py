@@ -93,6 +93,7 @@ class Train(JobConfig):
     epochs: int = 4
     inner_epochs: int = 1
     lr: float = 3e-4
+    lr_schedule: Literal["constant", "cosine"] = "constant"  # cosine: from lr at epoch 0 towards 0 at the last
     weight_decay: float = 1e-4
     grad_clip: float = 1.0
     clip_range: float = 1e-4

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import shutil
 from collections.abc import Callable, Iterable
 from contextlib import nullcontext
@@ -24,7 +25,7 @@ from accelerate import Accelerator
 from accelerate.utils import gather_object, set_seed
 from peft import LoraConfig, get_peft_model
 
-from generation.config import GRPOConfig, ModelSettings
+from generation.config import GRPOConfig, ModelSettings, Train
 from generation.ema import ParameterEMA
 from generation.grpo import Advantages, combined_advantages, ppo_clip_loss, ratio_diagnostics, reward_diagnostics
 from generation.models import (
@@ -77,7 +78,10 @@ def run_grpo(
         keep_best(accelerator, denoiser, ema, config, history, 0)
     epochs = range(start_epoch, config.train.epochs)
     for epoch in track(epochs, "grpo epochs") if track else epochs:
+        for group in optimizer.param_groups:
+            group["lr"] = epoch_lr(config.train, epoch)
         logs = epoch_step(accelerator, generator, denoiser, optimizer, rewards, config, epoch, ema)
+        logs["train/lr"] = epoch_lr(config.train, epoch)
         if config.eval_every and (epoch + 1) % config.eval_every == 0:
             with ema.applied() if ema is not None else nullcontext():
                 logs |= evaluate(accelerator, generator, rewards, config, epoch + 1)
@@ -87,6 +91,13 @@ def run_grpo(
             save_checkpoint(accelerator, config, epoch + 1, history)
     accelerator.end_training()
     return history
+
+
+def epoch_lr(train: Train, epoch: int) -> float:
+    """An epoch's learning rate: a function of the epoch alone, so a resumed run continues the schedule."""
+    if train.lr_schedule == "cosine":
+        return train.lr * 0.5 * (1 + math.cos(math.pi * epoch / train.epochs))
+    return train.lr
 
 
 def grpo_epoch(

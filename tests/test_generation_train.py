@@ -163,6 +163,17 @@ def test_a_training_step_with_a_rule_reward_changes_the_lora_weights_and_resumes
     assert [epoch for epoch, _ in resumed["zero_std_ratio"]] == [1, 2]  # epoch 1 restored, not rerun
 
 
+def test_cosine_learning_rate_is_set_each_epoch_and_continues_after_a_resume(tmp_path):
+    train = {"epochs": 2, "lr": 1e-2, "lr_schedule": "cosine"}
+    run_grpo(tiny_config(tmp_path, train=train, eval_every=0))
+    resumed = run_grpo(tiny_config(tmp_path, train=train | {"epochs": 4}, eval_every=0))
+    # the schedule is over the configured epochs: 2 for the first run, 4 once resumed
+    cosine = [
+        1e-2 * 0.5 * (1 + math.cos(math.pi * epoch / epochs)) for epoch, epochs in ((0, 2), (1, 2), (2, 4), (3, 4))
+    ]
+    assert [lr for _, lr in resumed["train/lr"]] == pytest.approx(cosine)
+
+
 @pytest.mark.parametrize("ema_decay", [None, 0.5])
 def test_keep_best_by_saves_the_weights_of_the_best_evaluation(tmp_path, ema_decay):
     train = {"epochs": 3, "lr": 3e-2, "clip_range": 0.2, "ema_decay": ema_decay}

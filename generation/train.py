@@ -78,10 +78,10 @@ def run_grpo(
         keep_best(accelerator, denoiser, ema, config, history, 0)
     epochs = range(start_epoch, config.train.epochs)
     for epoch in track(epochs, "grpo epochs") if track else epochs:
+        lr = epoch_lr(config.train, epoch)
         for group in optimizer.param_groups:
-            group["lr"] = epoch_lr(config.train, epoch)
-        logs = epoch_step(accelerator, generator, denoiser, optimizer, rewards, config, epoch, ema)
-        logs["train/lr"] = epoch_lr(config.train, epoch)
+            group["lr"] = lr
+        logs = epoch_step(accelerator, generator, denoiser, optimizer, rewards, config, epoch, ema) | {"train/lr": lr}
         if config.eval_every and (epoch + 1) % config.eval_every == 0:
             with ema.applied() if ema is not None else nullcontext():
                 logs |= evaluate(accelerator, generator, rewards, config, epoch + 1)

@@ -32,8 +32,7 @@ from safetensors.torch import load_file
 
 from generation.config import GRPOConfig
 from generation.models import ImageGenerator
-from generation.sampling import sample_deterministic
-from generation.shapes_t2i import ShapePrompt, Verdict, check_rates, prompts, sample_verdicts, verify
+from generation.shapes_t2i import ShapePrompt, Verdict, check_rates, prompts, sample_and_verify, sample_verdicts
 from generation.train import add_lora, build_generator
 from vlm_rewards.config import load_job_config
 from vlm_rewards.data.episodes import PreferencePair, write_pairs
@@ -120,9 +119,8 @@ def pairs(
     config = load_job_config(GRPOConfig, config_path, overrides or [])
     generator = load_policy(config, checkpoint)
     prompt_list = prompts(split, holdout)
-    repeated = [prompt for prompt in prompt_list for _ in range(samples)]
-    images = sample_deterministic(generator, repeated, config.sampling.eval_num_steps, seed)
-    scores = np.array([verify(image, prompt).score for image, prompt in zip(images, repeated)])
+    images, verdicts = sample_and_verify(generator, prompt_list, samples, config.sampling.eval_num_steps, seed)
+    scores = np.array([verdict.score for verdict in verdicts])
     rng = np.random.default_rng(seed)
     found = []
     for index, prompt in enumerate(prompt_list):

@@ -189,13 +189,20 @@ def iou(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.logical_and(a, b).sum() / union) if union else 0.0
 
 
+def sample_and_verify(
+    generator: ImageGenerator, prompt_list: list[str], images_per_prompt: int, num_steps: int, seed: int
+) -> tuple[np.ndarray, list[Verdict]]:
+    """ODE samples of each prompt from fixed-seed noise (a prompt's images consecutive) and their verdicts."""
+    repeated = [prompt for prompt in prompt_list for _ in range(images_per_prompt)]
+    images = sample_deterministic(generator, repeated, num_steps, seed)
+    return images, [verify(image, prompt) for image, prompt in zip(images, repeated)]
+
+
 def sample_verdicts(
     generator: ImageGenerator, prompt_list: list[str], images_per_prompt: int, num_steps: int, seed: int
 ) -> list[list[Verdict]]:
-    """ODE samples of each prompt from fixed-seed noise, each read by the verifier: one list per prompt."""
-    repeated = [prompt for prompt in prompt_list for _ in range(images_per_prompt)]
-    images = sample_deterministic(generator, repeated, num_steps, seed)
-    verdicts = [verify(image, prompt) for image, prompt in zip(images, repeated)]
+    """`sample_and_verify`'s verdicts, one list per prompt."""
+    _, verdicts = sample_and_verify(generator, prompt_list, images_per_prompt, num_steps, seed)
     return [verdicts[i : i + images_per_prompt] for i in range(0, len(verdicts), images_per_prompt)]
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from generation import shapes_eval
+from generation import shapes_eval, shapes_t2i
 from generation.config import GRPOConfig
 from generation.models import load_tiny_generator
 from generation.pretrain import PretrainConfig, run_pretrain
@@ -178,7 +178,7 @@ def test_generated_pairs_prefer_the_image_the_verifier_scores_higher(tmp_path, m
             images.append(render(shown, rng))
         return np.stack(images)
 
-    monkeypatch.setattr(shapes_eval, "sample_deterministic", correct_then_wrong_colour)
+    monkeypatch.setattr(shapes_t2i, "sample_deterministic", correct_then_wrong_colour)
     config_path = tmp_path / "grpo.yaml"
     config_path.write_text(json.dumps({"rewards": {"trained": [{"name": "verifier", "config": VERIFIER}]}}))
     arguments = ["pairs", str(config_path), "--output", str(tmp_path / "pairs"), "--split", "held_out",

@@ -41,6 +41,7 @@ from generation.models import (
 from generation.rewards import RewardSet, Scores, collect_rollouts
 from generation.sampling import Rollout, sample_deterministic, sample_rollout, step_distribution
 from generation.sde import gaussian_log_prob, gaussian_mean_kl
+from vlm_rewards.io import atomic_folder, write_json
 
 logger = logging.getLogger(__name__)
 
@@ -393,7 +394,7 @@ def keep_best(
     epoch: int,
 ) -> None:
     """Saves the evaluated weights to output_dir/best when this epoch's evaluation of `keep_best_by` beats
-    every earlier one. The folder is what `shapes_eval --checkpoint` loads; it is staged and swapped in by renames.
+    every earlier one. The folder is what `shapes_eval --checkpoint` loads; it is replaced atomically.
     """
     metric = f"eval/reward/{config.keep_best_by}"
     if config.keep_best_by is None or not accelerator.is_main_process or not history.get(metric):
@@ -401,16 +402,10 @@ def keep_best(
     *earlier, (last_epoch, value) = history[metric]
     if last_epoch != epoch or any(previous >= value for _, previous in earlier):
         return
-    best, staging, retired = (config.output_dir / name for name in ("best", "best.staging", "best.retired"))
-    for folder in (staging, retired):
-        shutil.rmtree(folder, ignore_errors=True)
-    with ema.applied() if ema is not None else nullcontext():
-        accelerator.save_model(denoiser, staging)
-    (staging / "best.json").write_text(json.dumps({"epoch": epoch, "metric": metric, "value": value}))
-    if best.exists():
-        best.rename(retired)
-    staging.rename(best)
-    shutil.rmtree(retired, ignore_errors=True)
+    with atomic_folder(config.output_dir / "best", replace=True) as folder:
+        with ema.applied() if ema is not None else nullcontext():
+            accelerator.save_model(denoiser, folder)
+        write_json(folder / "best.json", {"epoch": epoch, "metric": metric, "value": value})
 
 
 def checkpoints(output_dir: Path) -> list[tuple[int, Path]]:

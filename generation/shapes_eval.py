@@ -22,6 +22,7 @@ as the label: the training set of a learned proxy reward that has seen the polic
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Annotated
@@ -124,9 +125,8 @@ def pairs(
     rng = np.random.default_rng(seed)
     found = []
     for index, prompt in enumerate(prompt_list):
-        start = index * samples
-        candidates = [(start + a, start + b) for a in range(samples) for b in range(a + 1, samples)]
-        candidates = [(a, b) for a, b in candidates if scores[a] != scores[b]]
+        images_of_prompt = range(index * samples, (index + 1) * samples)
+        candidates = [(a, b) for a, b in itertools.combinations(images_of_prompt, 2) if scores[a] != scores[b]]
         for choice in rng.permutation(len(candidates))[:pairs_per_prompt]:
             better, worse = sorted(candidates[choice], key=lambda i: -scores[i])
             found.append((prompt, better, worse))

@@ -217,7 +217,7 @@ def gold_accuracy(
 ) -> dict[str, float]:
     """ODE samples of each prompt from fixed-seed noise: the share the verifier passes, the mean score, and
     the share passing each check (`pass_presence`, `pass_shape`, ...: which one fails)."""
-    verdicts = [v for row in sample_verdicts(generator, prompt_list, images_per_prompt, num_steps, seed) for v in row]
+    _, verdicts = sample_and_verify(generator, prompt_list, images_per_prompt, num_steps, seed)
     rates = check_rates(verdicts)
     return {
         "accuracy": rates.pop("correct"),

@@ -7,6 +7,9 @@ from contextlib import contextmanager
 
 import torch
 
+# where accelerate's `save_state` puts the first (in `vlmr grpo`, the only) object registered for checkpointing
+EMA_STATE = "custom_checkpoint_0.pkl"
+
 
 class ParameterEMA:
     """shadow ← decay·shadow + (1 − decay)·param after each optimizer step; `applied()` evaluates with it.
@@ -28,11 +31,15 @@ class ParameterEMA:
     def applied(self) -> Iterator[None]:
         """Swap the averaged values in for the duration of the block."""
         current = [p.detach().clone() for p in self.parameters]
-        self._copy_into(self.shadow)
+        self.apply()
         try:
             yield
         finally:
             self._copy_into(current)
+
+    def apply(self) -> None:
+        """Overwrite the parameters with the averaged values, for good."""
+        self._copy_into(self.shadow)
 
     @torch.no_grad()
     def _copy_into(self, values: list[torch.Tensor]) -> None:

@@ -29,9 +29,11 @@ from typing import Annotated
 
 import numpy as np
 import typer
+from accelerate.checkpointing import load_custom_state
 from safetensors.torch import load_file
 
 from generation.config import GRPOConfig
+from generation.ema import EMA_STATE, ParameterEMA
 from generation.models import ImageGenerator
 from generation.shapes_t2i import ShapePrompt, Verdict, check_rates, prompts, sample_and_verify, sample_verdicts
 from generation.train import add_lora, build_generator
@@ -40,11 +42,17 @@ from vlm_rewards.data.episodes import PreferencePair, write_pairs
 
 
 def load_policy(config: GRPOConfig, checkpoint: Path | None) -> ImageGenerator:
-    """The config's generator with the LoRA weights an accelerate checkpoint of `vlmr grpo` saved."""
+    """The config's generator with the LoRA weights a `vlmr grpo` checkpoint (or its `best` folder) holds:
+    the weights the run evaluated, so the EMA of an accelerate checkpoint's raw weights when the run kept one.
+    """
     generator = build_generator(config.model)
     if checkpoint is not None:
         generator.denoiser = add_lora(generator.denoiser, config.model)
         generator.denoiser.load_state_dict(load_file(checkpoint / "model.safetensors"))
+        if config.train.ema_decay and (checkpoint / EMA_STATE).exists():
+            ema = ParameterEMA([p for p in generator.denoiser.parameters() if p.requires_grad])
+            load_custom_state(ema, str(checkpoint))
+            ema.apply()
     generator.denoiser.eval()
     return generator
 

@@ -4,6 +4,7 @@ import asyncio
 import json
 import math
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -184,12 +185,17 @@ def test_keep_best_by_saves_the_weights_of_the_best_evaluation(tmp_path, ema_dec
     best_epoch, best_value = max(evaluations, key=lambda item: (item[1], -item[0]))  # the first of equals
     saved = json.loads((tmp_path / "best" / "best.json").read_text())
     assert (saved["epoch"], saved["value"]) == (best_epoch, best_value)
+    # both folders reload as the weights their evaluation used: a checkpoint's EMA, not its raw weights
+    assert reevaluate(config, tmp_path / "best") == pytest.approx(best_value, abs=1e-5)
+    last_epoch, last_value = evaluations[-1]
+    last_checkpoint = tmp_path / "checkpoints" / f"epoch_{last_epoch:06d}"
+    assert reevaluate(config, last_checkpoint) == pytest.approx(last_value, abs=1e-5)
 
-    policy = load_policy(config, tmp_path / "best")
-    reloaded = evaluate(
-        Accelerator(), policy, build_rewards(config), config.model_copy(update={"output_dir": tmp_path / "re"}), 0
-    )
-    assert reloaded["eval/reward/redness"] == pytest.approx(best_value, abs=1e-5)
+
+def reevaluate(config: GRPOConfig, folder: Path) -> float:
+    """The trained reward's evaluation mean of the policy `load_policy` builds from `folder`."""
+    rerun = config.model_copy(update={"output_dir": folder.parent / "re"})
+    return evaluate(Accelerator(), load_policy(config, folder), build_rewards(config), rerun, 0)["eval/reward/redness"]
 
 
 @pytest.mark.parametrize(("family", "noise_level"), [("ddim", 1.0), ("flux", 0.7)])

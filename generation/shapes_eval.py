@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Annotated
 
 import numpy as np
+import torch
 import typer
-from accelerate.checkpointing import load_custom_state
 from safetensors.torch import load_file
 
 from generation.config import GRPOConfig
@@ -51,7 +51,7 @@ def load_policy(config: GRPOConfig, checkpoint: Path | None) -> ImageGenerator:
         generator.denoiser.load_state_dict(load_file(checkpoint / "model.safetensors"))
         if config.train.ema_decay and (checkpoint / EMA_STATE).exists():
             ema = ParameterEMA([p for p in generator.denoiser.parameters() if p.requires_grad])
-            load_custom_state(ema, str(checkpoint))
+            ema.load_state_dict(torch.load(checkpoint / EMA_STATE, map_location="cpu", weights_only=True))
             ema.apply()
     generator.denoiser.eval()
     return generator

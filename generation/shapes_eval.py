@@ -42,8 +42,8 @@ from vlm_rewards.data.episodes import PreferencePair, write_pairs
 
 
 def load_policy(config: GRPOConfig, checkpoint: Path | None) -> ImageGenerator:
-    """The config's generator with the LoRA weights a `vlmr grpo` checkpoint (or its `best` folder) holds:
-    the weights the run evaluated, so the EMA of an accelerate checkpoint's raw weights when the run kept one.
+    """The config's generator with the LoRA weights of a `vlmr grpo` checkpoint (or its `best` folder): the
+    weights the run evaluated, so for a run with `ema_decay` the checkpoint's EMA, not the optimizer's weights.
     """
     generator = build_generator(config.model)
     if checkpoint is not None:

@@ -101,6 +101,9 @@ class Verdict:
     distance: float  # its centroid to the region centre, in image sides (√2 when the colour is absent)
     shape_margin: float  # IoU of the prompted shape's template − the best other template's (> 0: it matches)
     clutter: float  # the largest other colour's area / the prompted shape's area
+    # the share of the prompted shape's template (at the colour's centroid) the colour covers: 1 for a solid
+    # object, lower for holes and stripes. A diagnostic, not a check: the checks pass a striped circle
+    fill: float = 0.0
 
     @property
     def shape_matches(self) -> bool:
@@ -129,7 +132,7 @@ class Verdict:
 
     def info(self) -> dict[str, float | bool]:
         return {"area": self.area, "distance": self.distance, "shape_margin": self.shape_margin,
-                "clutter": self.clutter, "correct": self.correct}  # fmt: skip
+                "clutter": self.clutter, "fill": self.fill, "correct": self.correct}  # fmt: skip
 
 
 def verify(image: np.ndarray, prompt: str) -> Verdict:
@@ -144,13 +147,16 @@ def verify(image: np.ndarray, prompt: str) -> Verdict:
     if not mask.any():
         return Verdict(0.0, float(np.sqrt(2)), -1.0, clutter)
     centroid = centroid_of(mask)
-    overlaps = {shape: iou(mask, template_at_centroid(shape, centroid, size)) for shape in SHAPES}
+    templates = {shape: template_at_centroid(shape, centroid, size) for shape in SHAPES}
+    overlaps = {shape: iou(mask, placed) for shape, placed in templates.items()}
     best_other = max(overlap for shape, overlap in overlaps.items() if shape != parsed.shape)
+    prompted = templates[parsed.shape]
     return Verdict(
         area=float(mask.sum() / shape_area),
         distance=float(np.linalg.norm(centroid - np.array(GOALS[parsed.region]))),
         shape_margin=overlaps[parsed.shape] - best_other,
         clutter=clutter,
+        fill=float((mask & prompted).sum() / prompted.sum()),
     )
 
 
@@ -207,20 +213,22 @@ def sample_verdicts(
 
 
 def check_rates(verdicts: list[Verdict]) -> dict[str, float]:
-    """The share of the verdicts passing each check, and passing all of them (`correct`)."""
+    """The share of the verdicts passing each check, and passing all of them (`correct`); their mean `fill`."""
     rates = {name: float(np.mean([v.checks[name] for v in verdicts])) for name in verdicts[0].checks}
-    return rates | {"correct": float(np.mean([v.correct for v in verdicts]))}
+    correct, fill = np.mean([v.correct for v in verdicts]), np.mean([v.fill for v in verdicts])
+    return rates | {"correct": float(correct), "fill": float(fill)}
 
 
 def gold_accuracy(
     generator: ImageGenerator, prompt_list: list[str], images_per_prompt: int, num_steps: int, seed: int
 ) -> dict[str, float]:
-    """ODE samples of each prompt from fixed-seed noise: the share the verifier passes, the mean score, and
-    the share passing each check (`pass_presence`, `pass_shape`, ...: which one fails)."""
+    """ODE samples of each prompt from fixed-seed noise: the share the verifier passes, the mean score and fill,
+    and the share passing each check (`pass_presence`, `pass_shape`, ...: which one fails)."""
     _, verdicts = sample_and_verify(generator, prompt_list, images_per_prompt, num_steps, seed)
     rates = check_rates(verdicts)
     return {
         "accuracy": rates.pop("correct"),
+        "fill": rates.pop("fill"),
         "score": float(np.mean([verdict.score for verdict in verdicts])),
     } | {f"pass_{name}": rate for name, rate in rates.items()}
 

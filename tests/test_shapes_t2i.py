@@ -76,6 +76,20 @@ def test_verifier_passes_every_ground_truth_render(size):
         assert verdict.correct and verdict.score == pytest.approx(1.0), (prompt, verdict)
 
 
+def test_fill_is_high_on_ground_truth_and_flags_striped_objects_the_checks_pass():
+    rng = np.random.default_rng(0)
+    truth = [verify(render(prompt, rng), prompt) for prompt in prompts()]
+    assert min(v.fill for v in truth) >= 0.75 and np.mean([v.fill for v in truth]) >= 0.95
+    striped = []
+    for prompt in prompts():  # every third row of the object blanked: the stripes GRPO drew into red circles
+        image = render(prompt, rng)
+        on_object = (image.max(axis=-1).astype(int) - image.min(axis=-1)) >= shapes_t2i.SATURATION
+        image[on_object & (np.arange(image.shape[0]) % 3 == 0)[:, None]] = image[0, 0].copy()
+        striped.append(verify(image, prompt))
+    assert np.mean([v.correct for v in striped]) >= 0.75  # the checks' blind spot
+    assert max(v.fill for v in striped) < 0.8 and np.mean([v.fill for v in striped]) < 0.7
+
+
 @pytest.mark.parametrize("attribute", ["color", "region", "shape"])
 def test_verifier_fails_renders_of_the_wrong_colour_position_or_shape(attribute):
     rng = np.random.default_rng(1)
@@ -99,7 +113,7 @@ def test_best_of_n_keeps_the_best_scoring_image_and_pass_rates_say_which_check_f
     verdicts = [[wrong_shape, right, wrong_shape, wrong_shape], [right, right, right, wrong_shape]]
     assert best_of_n(verdicts, [1, 2, 4]) == {1: 0.5, 2: 0.75, 4: 1.0}
     rates = pass_rates(verdicts, ["a red circle in the center", "a blue square in the top left"])
-    assert rates["all"] == {"presence": 1.0, "position": 1.0, "shape": 0.5, "clutter": 1.0, "correct": 0.5}
+    assert rates["all"] == {"presence": 1.0, "position": 1.0, "shape": 0.5, "clutter": 1.0, "correct": 0.5, "fill": 0.0}
     assert rates["red circle"]["shape"] == 0.25 and rates["blue square"]["correct"] == 0.75
 
 

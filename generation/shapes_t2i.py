@@ -39,6 +39,7 @@ JITTER = 0.05  # ground truth's offset from the region centre, per axis
 MIN_AREA = 0.5  # presence: at least half the shape's area in the prompted colour
 MAX_DISTANCE = 0.15  # position: centroid within this of the region centre (regions are >= 0.3 apart)
 MAX_CLUTTER = 0.5  # no other colour covering more than half the shape's area
+SOLID_FILL = 0.8  # the lowest fill of a ground-truth render: `solid_score` pays in full from here, nothing at 0.5
 SATURATION = 60  # pixels with max - min channel below this are table (grey)
 COLOR_DISTANCE = 80  # a saturated pixel is a palette colour only within this RGB distance of it
 PROMPT = re.compile(rf"a ({'|'.join(COLORS)}) ({'|'.join(SHAPES)}) in the ({'|'.join(GOALS)})")
@@ -129,6 +130,11 @@ class Verdict:
         position = float(np.clip((MAX_DISTANCE + 0.1 - self.distance) / 0.1, 0.0, 1.0))
         tidiness = float(np.clip(1.0 - self.clutter, 0.0, 1.0))
         return presence * position * shape * tidiness
+
+    @property
+    def solid_score(self) -> float:
+        """`score`, scaled down for objects with holes or stripes (fill below a ground-truth render's)."""
+        return self.score * float(np.clip((self.fill - 0.5) / (SOLID_FILL - 0.5), 0.0, 1.0))
 
     def info(self) -> dict[str, float | bool]:
         return {"area": self.area, "distance": self.distance, "shape_margin": self.shape_margin,
@@ -240,6 +246,12 @@ def verifier_score(request: RewardRequest) -> RewardResult:
     """The soft verifier score of the request's last frame, in [0, 1]: GRPO's trained reward."""
     verdict = verify(request.frames[-1], request.text)
     return RewardResult(verdict.score, info=verdict.info())
+
+
+def solid_verifier_score(request: RewardRequest) -> RewardResult:
+    """`verifier_score` that does not pay for holes: the soft score times a fill factor, in [0, 1]."""
+    verdict = verify(request.frames[-1], request.text)
+    return RewardResult(verdict.solid_score, info=verdict.info())
 
 
 def accuracy(request: RewardRequest) -> float:

@@ -27,6 +27,7 @@ CONFIGS_DIR = Path(__file__).parents[1] / "configs" / "grpo"
 VERIFIER = {"kind": "function", "function": "generation.shapes_t2i:verifier_score", "value_range": [0, 1]}
 REDNESS = {"kind": "function", "function": "generation.rule_rewards:redness", "value_range": [-1, 1]}
 ACCURACY = {"kind": "function", "function": "generation.shapes_t2i:accuracy", "value_range": [0, 1]}
+SOLID = {"kind": "function", "function": "generation.shapes_t2i:solid_verifier_score", "value_range": [0, 1]}
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -79,7 +80,8 @@ def test_verifier_passes_every_ground_truth_render(size):
 def test_fill_is_high_on_ground_truth_and_flags_striped_objects_the_checks_pass():
     rng = np.random.default_rng(0)
     truth = [verify(render(prompt, rng), prompt) for prompt in prompts()]
-    assert min(v.fill for v in truth) >= 0.75 and np.mean([v.fill for v in truth]) >= 0.95
+    assert min(v.fill for v in truth) >= shapes_t2i.SOLID_FILL and np.mean([v.fill for v in truth]) >= 0.95
+    assert all(v.solid_score == v.score == pytest.approx(1.0) for v in truth)
     striped = []
     for prompt in prompts():  # every third row of the object blanked: the stripes GRPO drew into red circles
         image = render(prompt, rng)
@@ -88,6 +90,7 @@ def test_fill_is_high_on_ground_truth_and_flags_striped_objects_the_checks_pass(
         striped.append(verify(image, prompt))
     assert np.mean([v.correct for v in striped]) >= 0.75  # the checks' blind spot
     assert max(v.fill for v in striped) < 0.8 and np.mean([v.fill for v in striped]) < 0.7
+    assert all(v.solid_score < v.score for v in striped if v.score > 0)  # the solid reward pays less for them
 
 
 @pytest.mark.parametrize("attribute", ["color", "region", "shape"])
@@ -120,7 +123,7 @@ def test_best_of_n_keeps_the_best_scoring_image_and_pass_rates_say_which_check_f
 def test_verifier_rewards_conform_to_the_interface_and_refuse_other_prompts():
     rng = np.random.default_rng(2)
     requests = [RewardRequest(render(p, rng)[None], p) for p in prompts()[:6]]
-    for config in (VERIFIER, ACCURACY):
+    for config in (VERIFIER, SOLID, ACCURACY):
         reward = build_reward(config)
         check_reward(reward, requests)
         assert [result.reward for result in reward.score(requests)] == [1.0] * 6

@@ -14,11 +14,14 @@ demo: setup
 	MUJOCO_GL=egl HF_HUB_OFFLINE=1 $(VLMR) pipeline
 
 # A short version of the generation experiment (docs/results/generation.md): a from-scratch base
-# generator, then GRPO with the gold verifier as reward; image grids and curves under runs/grpo_demo.
+# generator with colour-shape pairs held out, then GRPO on those prompts with the verifier as reward;
+# image grids (grpo/eval/) and curves (curves.png) under runs/grpo_demo. The full run is the same two
+# configs without the step and epoch overrides.
 grpo-demo: setup
-	$(VLMR) pretrain-generator configs/grpo/shapes_base.yaml output_dir=runs/grpo_demo/base steps=200 eval_every=200
-	$(VLMR) grpo configs/grpo/shapes_verifier.yaml output_dir=runs/grpo_demo/grpo \
-		model.trained_tiny=runs/grpo_demo/base/model train.epochs=2
+	$(VLMR) pretrain-generator configs/grpo/shapes_base_pairs.yaml output_dir=runs/grpo_demo/base steps=300 eval_every=300
+	$(VLMR) grpo configs/grpo/shapes_verifier_pairs.yaml output_dir=runs/grpo_demo/grpo \
+		model.trained_tiny=runs/grpo_demo/base/model train.epochs=4 eval_every=2 checkpoint_every=2
+	$(PYTHON) -m generation.shapes_eval curves runs/grpo_demo/grpo --output runs/grpo_demo/curves.png
 
 test: setup
 	.venv/bin/ruff check .

@@ -22,11 +22,28 @@ def local_serve() -> Iterator[int]:
     started = not ray.is_initialized()
     if started:
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    port = free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    port = start_proxy(serve)
     try:
         yield port
     finally:
         serve.shutdown()
         if started:
             ray.shutdown()
+
+
+def start_proxy(serve) -> int:
+    """`serve.start` on a free port, tried twice: on a loaded machine the HTTP proxy can miss Serve's fixed
+    60 s start timeout (Serve then kills it), and a second try gets a fresh port and proxy."""
+    import ray
+
+    try:
+        return start_on_free_port(serve)
+    except ray.exceptions.RayError:
+        serve.shutdown()
+        return start_on_free_port(serve)
+
+
+def start_on_free_port(serve) -> int:
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    return port

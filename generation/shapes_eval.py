@@ -36,7 +36,7 @@ from generation.config import GRPOConfig
 from generation.ema import EMA_STATE, ParameterEMA
 from generation.models import ImageGenerator
 from generation.shapes_t2i import ShapePrompt, Verdict, check_rates, prompts, sample_and_verify, sample_verdicts
-from generation.train import add_lora, build_generator
+from generation.train import add_lora, build_generator, lora_parameters
 from vlm_rewards.config import load_job_config
 from vlm_rewards.data.episodes import PreferencePair, write_pairs
 
@@ -50,7 +50,7 @@ def load_policy(config: GRPOConfig, checkpoint: Path | None) -> ImageGenerator:
         generator.denoiser = add_lora(generator.denoiser, config.model)
         generator.denoiser.load_state_dict(load_file(checkpoint / "model.safetensors"))
         if config.train.ema_decay and (checkpoint / EMA_STATE).exists():
-            ema = ParameterEMA([p for p in generator.denoiser.parameters() if p.requires_grad])
+            ema = ParameterEMA(lora_parameters(generator.denoiser))
             ema.load_state_dict(torch.load(checkpoint / EMA_STATE, map_location="cpu", weights_only=True))
             ema.apply()
     generator.denoiser.eval()

@@ -67,7 +67,7 @@ def run_grpo(
     generator = build_generator(config.model)
     check_generator(generator)
     generator.denoiser = add_lora(generator.denoiser, config.model)
-    trainable = [p for p in generator.denoiser.parameters() if p.requires_grad]
+    trainable = lora_parameters(generator.denoiser)
     optimizer = torch.optim.AdamW(trainable, lr=config.train.lr, weight_decay=config.train.weight_decay)
     denoiser, optimizer = accelerator.prepare(generator.denoiser, optimizer)
     ema = ParameterEMA(trainable, config.train.ema_decay) if config.train.ema_decay else None
@@ -324,6 +324,11 @@ def add_lora(denoiser: torch.nn.Module, settings: ModelSettings) -> torch.nn.Mod
         if parameter.requires_grad:  # LoRA of a bf16 base: keep fp32 weights, bf16 Adam updates underflow
             parameter.data = parameter.data.float()
     return model
+
+
+def lora_parameters(denoiser: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The trained (LoRA) parameters in a fixed order: the optimizer's and the EMA's, saved and reloaded alike."""
+    return [p for p in denoiser.parameters() if p.requires_grad]
 
 
 def batch_prompts(config: GRPOConfig, seed: int) -> list[str]:

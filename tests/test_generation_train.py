@@ -26,6 +26,7 @@ from generation.train import (
     build_generator,
     build_rewards,
     evaluate,
+    lora_parameters,
     negative_embeddings,
     run_grpo,
     step_loss,
@@ -206,7 +207,7 @@ def test_unet_and_flux_paths_train(tmp_path, family, noise_level):
     prompts = ["a red circle"] * 4 + ["a blue square"] * 4
     rollout = sample_rollout(generator, prompts, config.sampling.sampler(), seed=0)
     before = {n: p.clone() for n, p in generator.denoiser.named_parameters() if p.requires_grad}
-    optimizer = torch.optim.AdamW([p for p in generator.denoiser.parameters() if p.requires_grad], lr=1e-2)
+    optimizer = torch.optim.AdamW(lora_parameters(generator.denoiser), lr=1e-2)
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=config.sampling.steps_per_trajectory)
     advantages = Advantages(np.linspace(-1, 1, 8), np.ones(8, dtype=bool), 0.0)
     logs = update_policy(accelerator, generator, generator.denoiser, optimizer, rollout, advantages, config, epoch=0)

@@ -25,6 +25,9 @@ class EnvConfig(pydantic.BaseModel, extra="forbid"):
     table: Literal["plain", "gradient"] = "plain"
     marker_radius: float = pydantic.Field(0.05, gt=0, le=0.1)  # vlmr/Reach-v0: drawn radius of targets and footprint
     max_episode_steps: int | None = None  # None: the task's default (Reach 50, Push 100)
+    # sparse reward only: −cost on every step without success. 1 gives the goal-reaching convention (−1 a
+    # step until success), the urgency the dense reward (progress − 1) has; 0: 1 on success, else 0
+    sparse_step_cost: float = pydantic.Field(0.0, ge=0)
 
 
 class CollectConfig(JobConfig):

@@ -39,7 +39,21 @@ def make_env(
         **({"marker_radius": config.marker_radius} if config.marker_radius != 0.05 else {}),
         **kwargs,
     )
+    if reward_type == "sparse" and config.sparse_step_cost:
+        env = StepCost(env, config.sparse_step_cost)
     return CameraFrames(env, cameras=list(cameras or [config.camera]), goal_image=goal_image)
+
+
+class StepCost(gym.Wrapper):
+    """Subtracts `cost` from the reward of every step that does not succeed (`info["is_success"]`)."""
+
+    def __init__(self, env: gym.Env, cost: float):
+        super().__init__(env)
+        self.cost = cost
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return obs, reward - self.cost * (not info["is_success"]), terminated, truncated, info
 
 
 def env_factories(config: EnvConfig, **kwargs) -> list[Callable[[], gym.Env]]:

@@ -9,8 +9,9 @@ re-run resumes; the RL runs resume from their checkpoints):
    `rm/`: the progress RM trained on the collected episodes, starting from stage 1's backbone.
 3. `eval_rm_<k>x/`: `vlmr eval-rm` of the RM on the held-out episodes (VOC, instruction use, the reward
    each scripted policy earns, wrong-object behaviour included).
-4. `rl/<condition>_seed<s>/`: `vlmr rl` per reward condition (sparse | dense | learned | goal_image)
-   and seed, equal budgets.
+4. `rl/<condition>_seed<s>/`: `vlmr rl` per reward condition (sparse | dense | learned | goal_image |
+   scripted) and seed, equal budgets. `scripted` is the learned condition's wrapper with a hand-written
+   reward that reads the same frames (`scripted_reward`): what a perfect RM would give RL.
 5. `report.md` + `success_curves.png` + `reward_fidelity.png`: success rate vs env steps (mean ± std over
    seeds), the RM's on-policy agreement with the true reward as training goes, and a hacking check.
 """
@@ -33,7 +34,7 @@ from vlm_rewards.config import JobConfig
 from vlm_rewards.training.config import TrainRMConfig
 
 logger = logging.getLogger("vlm_rewards.robotics.pipeline")
-Condition = Literal["sparse", "dense", "learned", "goal_image"]
+Condition = Literal["sparse", "dense", "learned", "goal_image", "scripted"]
 
 
 def _default_env() -> EnvConfig:
@@ -89,6 +90,7 @@ class PipelineConfig(JobConfig):
     progress_rm: TrainRMConfig = pydantic.Field(default_factory=_default_progress_rm)
     rl: RLConfig = pydantic.Field(default_factory=_default_rl)
     conditions: list[Condition] = ["sparse", "dense", "learned"]
+    scripted_reward: str = "reach_marker_progress"  # reward YAML (path or shipped name) of the `scripted` condition
     seeds: list[int] = [0]
     hacking_rise: float = 0.2  # flagged: learned progress rose by this much while success stayed below 0.2
 
@@ -173,11 +175,13 @@ class Pipeline:
 
     def run_rl(self, reward_yaml: Path) -> dict[str, list[Path]]:
         runs: dict[str, list[Path]] = {}
+        reward_configs = {"learned": str(reward_yaml), "scripted": self.config.scripted_reward}
         for condition in self.config.conditions:
             for seed in self.config.seeds:
                 run_dir = self.root / "rl" / f"{condition}_seed{seed}"
+                source = "learned" if condition in reward_configs else condition
                 reward = self.config.rl.reward.model_copy(
-                    update={"source": condition, "config": str(reward_yaml) if condition == "learned" else None}
+                    update={"source": source, "config": reward_configs.get(condition)}
                 )
                 rl_config = self.config.rl.model_copy(
                     update={"run_dir": str(run_dir), "env": self.config.env, "reward": reward, "seed": seed}

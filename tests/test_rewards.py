@@ -6,7 +6,7 @@ from vlm_rewards.normalization import RunningMeanStd, group_statistics, group_zs
 from vlm_rewards.registry import REWARDS_DIR, build_reward, known_kinds, register
 from vlm_rewards.rewards.composite import CompositeReward
 from vlm_rewards.rewards.function import FunctionReward
-from vlm_rewards.rewards.rules import GoalPixelProgress, MotionPenalty
+from vlm_rewards.rewards.rules import GoalPixelProgress, MarkerProgress, MotionPenalty
 from vlm_rewards.testing import ConformanceError, check_reward
 
 
@@ -45,6 +45,42 @@ def test_motion_penalty_is_zero_for_a_still_clip():
     results = MotionPenalty(scale=2.0).score([RewardRequest(still, "t"), RewardRequest(moving, "t")])
     assert results[0].reward == 0.0
     assert results[1].reward == pytest.approx(-2.0 * 100 / 255)
+
+
+MARKERS = MarkerProgress.Params(
+    palette={"red": (250, 40, 40), "blue": (40, 40, 250)}, effector=(20, 20, 20), tolerance=60
+)
+
+
+def marker_clip(effector_path: list[tuple[int, int]]) -> np.ndarray:
+    """32x32 grey frames: a red marker at (6, 6), a blue one at (25, 25), the effector's 3x3 square on a path."""
+    frames = np.full((len(effector_path), 32, 32, 3), 128, np.uint8)
+    frames[:, 4:9, 4:9] = (250, 40, 40)
+    frames[:, 23:28, 23:28] = (40, 40, 250)
+    for frame, (row, col) in zip(frames, effector_path):
+        frame[row - 1 : row + 2, col - 1 : col + 2] = (20, 20, 20)
+    return frames
+
+
+def test_marker_progress_follows_the_named_marker():
+    path = [(6, 26), (6, 21), (6, 16), (6, 11), (6, 6)]  # along the top row, onto the red marker
+    frames = marker_clip(path)
+    to_red, to_blue = MarkerProgress(MARKERS).score(
+        [RewardRequest(frames, "reach the red target"), RewardRequest(frames, "reach the Blue target")]
+    )
+    np.testing.assert_allclose(to_red.progress, [0.0, 0.25, 0.5, 0.75, 1.0], atol=0.02)
+    assert to_blue.progress.max() == 0.0  # moving away from blue: clipped at 0
+    hidden = frames.copy()
+    hidden[2, 5:8, 15:18] = 128  # the effector is hidden in frame 2: it keeps its place in frame 1
+    (result,) = MarkerProgress(MARKERS).score([RewardRequest(hidden, "reach the red target")])
+    assert result.progress[2] == pytest.approx(to_red.progress[1])
+
+
+@pytest.mark.parametrize("text, count", [("reach the green target", 0), ("red or blue", 2)])
+def test_marker_progress_needs_exactly_one_named_colour(text, count):
+    message = rf"requests\[0\].text: '{text}' names {count} palette colours; expected exactly one of \['red', 'blue'\]"
+    with pytest.raises(ValueError, match=message):
+        MarkerProgress(MARKERS).score([RewardRequest(marker_clip([(6, 26)]), text)])
 
 
 def test_running_mean_std_matches_numpy_and_checkpoints():
@@ -90,8 +126,8 @@ def test_group_zscore_gathers_the_whole_group_across_processes():
     rank0, rank1 = (values[:2], groups[:2]), (values[2:], groups[2:])
 
     def gather_from(local_rank):  # what accelerate's gather_object returns: every rank's list, in rank order
-        return lambda local: (local if local_rank == 0 else list(zip(*rank0))) + (
-            local if local_rank == 1 else list(zip(*rank1))
+        return lambda local: (
+            (local if local_rank == 0 else list(zip(*rank0))) + (local if local_rank == 1 else list(zip(*rank1)))
         )
 
     np.testing.assert_allclose(group_zscore(*rank0, gather=gather_from(0)), whole[:2])

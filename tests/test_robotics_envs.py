@@ -99,6 +99,26 @@ def test_sparse_and_dense_rewards_and_termination():
     assert all(r <= 0 for r in rewards) and rewards[0] < rewards[-2]
 
 
+def test_sparse_step_cost_charges_every_step_before_success():
+    from robotics.config import EnvConfig
+    from robotics.envs import make_env
+
+    config = EnvConfig(sparse_step_cost=1.0, max_episode_steps=30)
+    env, dense = make_env(config), make_env(config, reward_type="dense")
+    obs, _ = env.reset(seed=0)
+    dense.reset(seed=0)
+    expert, rewards = make_expert(env), []
+    while True:
+        action = expert.act(obs)
+        obs, reward, terminated, truncated, info = env.step(action)
+        rewards.append((reward, dense.step(action)[1]))
+        if terminated or truncated:
+            break
+    assert terminated and info["is_success"]
+    assert [sparse for sparse, _ in rewards] == [-1.0] * (len(rewards) - 1) + [1.0]
+    assert rewards[-1][1] == 0.0 and all(-1 <= d < 0 for _, d in rewards[:-1])  # dense: progress − 1, no cost
+
+
 def test_camera_frames_errors_are_clear():
     with pytest.raises(ValueError, match="render_mode=None"):
         CameraFrames(gym.make("vlmr/Reach-v0"))
@@ -131,3 +151,33 @@ def test_camera_frames_works_with_any_rgb_env():
     assert info["instruction"] == "balance" and info["frames"]["default"].ndim == 3
     *_, info = env.step(0)
     assert info["frames"]["default"].dtype == np.uint8
+
+
+@pytest.mark.parametrize("table", ["plain", "gradient"])
+def test_the_scripted_marker_reward_reads_reach_frames(table):
+    """configs/rewards/reach_marker_progress.yaml (the frame-reading upper bound of the RL experiments) follows
+    the env's geometric progress from the top camera; the wrong object earns what it earns in the env."""
+    from vlm_rewards.interface import RewardRequest
+    from vlm_rewards.registry import build_reward
+
+    reward = build_reward("reach_marker_progress")
+    env = gym.make("vlmr/Reach-v0", render_mode="rgb_array", table=table, max_episode_steps=30)
+    expert, rng = make_expert(env), np.random.default_rng(0)
+    finals = {"expert": [], "wrong_object": []}
+    for seed in range(6):
+        for policy in finals:
+            obs, info = env.reset(seed=seed)
+            wrong, done = pick_wrong_target(expert, obs, rng), False
+            frames, truth = [env.render()], [info["progress"]]
+            while not done:
+                obs, _, terminated, truncated, info = env.step(scripted_action(expert, policy, obs, rng, 0.0, wrong))
+                frames.append(env.render())
+                truth.append(info["progress"])
+                done = terminated or truncated
+            (result,) = reward.score([RewardRequest(np.stack(frames), info["instruction"])])
+            finals[policy].append(result.reward)
+            if np.std(truth) > 0.05:
+                assert np.corrcoef(result.progress, truth)[0, 1] > 0.9
+            if policy == "wrong_object":  # the env's progress is 1 on success; the scripted reward's is about 0.85
+                assert result.reward == pytest.approx(truth[-1], abs=0.1)
+    assert min(finals["expert"]) > 0.7 and np.mean(finals["wrong_object"]) < np.mean(finals["expert"]) - 0.3

@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import yaml
 from typer.testing import CliRunner
 
 from robotics.envs import make_env
@@ -20,7 +21,7 @@ REDUCED = [
     "preference_stage.data.synthetic_eval={num_episodes: 8, num_pairs: 8}",
     "progress_rm.optim.steps=3", "progress_rm.eval_every=3", "progress_rm.save_every=3",
     "rl.total_timesteps=80", "rl.eval.every=40", "rl.eval.episodes=2", "rl.sac.learning_starts=20",
-    "conditions=[sparse, learned, goal_image]",
+    "conditions=[sparse, learned, goal_image, scripted]", "env.sparse_step_cost=1",
 ]  # fmt: skip
 
 
@@ -29,7 +30,10 @@ def test_pipeline_runs_every_stage_then_resumes_without_redoing_them(tmp_path):
     result = runner.invoke(app, ["pipeline", f"output_dir={out}", *REDUCED])
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "summary.json").read_text())
-    assert set(summary["rl"]) == {"sparse", "learned", "goal_image"}
+    assert set(summary["rl"]) == {"sparse", "learned", "goal_image", "scripted"}
+    scripted = yaml.safe_load((out / "rl" / "scripted_seed0" / "config.yaml").read_text())
+    assert (scripted["reward"]["source"], scripted["reward"]["config"]) == ("learned", "reach_marker_progress")
+    assert scripted["env"]["sparse_step_cost"] == 1.0
     rm_1x, rm_2x = summary["reward_model"]["1x"], summary["reward_model"]["2x"]
     assert {"voc_expert", "reward_policy_wrong_object", "mismatch_accuracy"} <= set(rm_1x)
     assert rm_1x["version"] == rm_2x["version"]

@@ -25,6 +25,7 @@ _BUILTIN_KINDS = {
     "function": "vlm_rewards.rewards.function:FunctionReward",
     "goal_pixel_progress": "vlm_rewards.rewards.rules:GoalPixelProgress",
     "motion_penalty": "vlm_rewards.rewards.rules:MotionPenalty",
+    "marker_progress": "vlm_rewards.rewards.rules:MarkerProgress",
     "composite": "vlm_rewards.rewards.composite:CompositeReward",
     "embedding_goal": "vlm_rewards.models.embedding:EmbeddingGoalReward",
     "trained_rm": "vlm_rewards.models.reward_network:TrainedRewardModel",

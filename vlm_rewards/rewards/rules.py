@@ -74,3 +74,88 @@ class MotionPenalty(BaseReward):
             motion = float(np.abs(np.diff(frames, axis=0)).mean()) if len(frames) > 1 else 0.0
             results.append(RewardResult(reward=-self.scale * motion, info={"motion": motion}))
         return results
+
+
+@register("marker_progress")
+class MarkerProgress(BaseReward):
+    """Scripted progress in scenes of flat colour markers: how much closer the effector's marker is to the
+    marker of the colour the instruction names, in pixels.
+
+    progress_t = 1 − d_t / d_0, clipped to [0, 1], with d_t the distance between the centroid of the
+    effector's pixels and that of the named colour's pixels in frame t. A pixel belongs to the palette
+    entry (colour word or effector) nearest to it in RGB, if that is within `tolerance`. A marker hidden in
+    a frame keeps its last seen place. It reads only frames and text, so it goes through the same reward
+    path as a learned RM: the robotics experiments use it as the upper bound of what a frame-reading
+    progress reward can give RL.
+    """
+
+    class Params(pydantic.BaseModel, extra="forbid"):
+        name: str = "marker_progress"
+        palette: dict[str, tuple[int, int, int]]  # colour word -> its RGB as rendered (not as specified)
+        effector: tuple[int, int, int]  # the effector marker's RGB as rendered
+        tolerance: float = pydantic.Field(40.0, gt=0)  # RGB distance within which a pixel is a marker's
+        border: int = pydantic.Field(0, ge=0)  # pixels at each frame edge that are ignored (walls, frames)
+
+    def __init__(self, params: Params):
+        if not params.palette:
+            raise ValueError("marker_progress: palette is empty; expected colour word -> rendered RGB")
+        self.params = params
+        self.words = list(params.palette)
+        self.colours = np.array([*params.palette.values(), params.effector], dtype=np.float32)
+        self.spec = RewardSpec(
+            name=params.name,
+            version=fingerprint("marker_progress", params.model_dump()),
+            value_range=(0.0, 1.0),
+            dense=True,
+            causal=True,
+        )
+
+    @classmethod
+    def from_params(cls, params: Params) -> MarkerProgress:
+        return cls(params)
+
+    def _score(self, requests: list[RewardRequest]) -> list[RewardResult]:
+        return [self._score_one(i, request) for i, request in enumerate(requests)]
+
+    def _named(self, index: int, text: str) -> int:
+        named = [i for i, word in enumerate(self.words) if word in text.lower().split()]
+        if len(named) != 1:
+            raise ValueError(
+                f"requests[{index}].text: {text!r} names {len(named)} palette colours; expected exactly one of "
+                f"{self.words}"
+            )
+        return named[0]
+
+    def _score_one(self, index: int, request: RewardRequest) -> RewardResult:
+        named = self._named(index, request.text)
+        effector = len(self.words)
+        places = [self._centroids(frame, (named, effector)) for frame in request.frames]
+        distances = _carry_forward(np.array([np.linalg.norm(a - b) for a, b in places]))
+        start = distances[0]  # NaN when a marker is not in the first frame: no progress can be read
+        if np.isnan(start):
+            progress = np.zeros_like(distances)
+        else:
+            progress = np.ones_like(distances) if start == 0 else np.clip(1.0 - distances / start, 0.0, 1.0)
+        info = {"marker_distance": float(distances[-1])}
+        return RewardResult(reward=float(progress[-1]), progress=progress, info=info)
+
+    def _centroids(self, frame: np.ndarray, entries: tuple[int, ...]) -> list[np.ndarray]:
+        """Each entry's pixel centroid (row, col) in one frame; NaN where none of its pixels is visible."""
+        border = self.params.border
+        pixels = frame[border : frame.shape[0] - border, border : frame.shape[1] - border].astype(np.float32)
+        distance = np.linalg.norm(pixels[:, :, None, :] - self.colours, axis=-1)
+        nearest = np.where(distance.min(axis=-1) <= self.params.tolerance, distance.argmin(axis=-1), -1)
+        centroids = []
+        for entry in entries:
+            rows, cols = np.nonzero(nearest == entry)
+            centroids.append(np.array([rows.mean(), cols.mean()]) if len(rows) else np.full(2, np.nan))
+        return centroids
+
+
+def _carry_forward(values: np.ndarray) -> np.ndarray:
+    """NaNs replaced by the last finite value before them (leading NaNs stay)."""
+    values = values.copy()
+    for t in range(1, len(values)):
+        if np.isnan(values[t]):
+            values[t] = values[t - 1]
+    return values

@@ -1,7 +1,14 @@
 import numpy as np
 import pytest
 
-from vlm_rewards.evaluation.metrics import mean_voc, pairwise_accuracy, progress_mae, success_auc, voc
+from vlm_rewards.evaluation.metrics import (
+    mean_voc,
+    pairwise_accuracy,
+    progress_mae,
+    step_correlation,
+    success_auc,
+    voc,
+)
 from vlm_rewards.evaluation.plots import plot_progress_curves, plot_training_curves
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -77,3 +84,14 @@ def test_plots_write_png_files_atomically(tmp_path):
     for name in ["progress.png", "training.png"]:
         assert (tmp_path / name).read_bytes()[:8] == PNG_SIGNATURE
     assert sorted(path.name for path in tmp_path.iterdir()) == ["progress.png", "training.png"]
+
+
+def test_step_correlation_follows_step_changes_not_the_clip_order():
+    labels = [np.linspace(0, 1, 6), np.array([0.0, 0.3, 0.3, 0.1, 0.4])]
+    assert step_correlation([2 * label + 1 for label in labels], labels) == pytest.approx(1.0)
+    # rises as labels do over the clip (VOC 1) but each step moves against the true change
+    zigzag = np.array([0.0, 0.4, 0.3, 0.7, 0.6, 1.0])
+    assert voc(zigzag) < 1 and step_correlation([zigzag], [np.array([0.0, 0.1, 0.4, 0.5, 0.8, 1.0])]) < 0
+    with_nan = [np.array([0.0, np.nan, 0.5, 1.0, 1.2])]  # the two steps next to the NaN are left out
+    assert step_correlation(with_nan, [np.array([0.0, 0.9, 0.5, 1.0, 1.2])]) == pytest.approx(1.0)
+    assert np.isnan(step_correlation([np.zeros(4)], [np.linspace(0, 1, 4)]))  # a constant reward

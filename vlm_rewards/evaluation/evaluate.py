@@ -30,7 +30,7 @@ from vlm_rewards.config import JobConfig
 from vlm_rewards.data.build import SyntheticData, Track, open_episodes, open_pairs, untracked
 from vlm_rewards.data.episodes import EpisodeDataset, EpisodeRecord, PairDataset
 from vlm_rewards.data.labels import mismatched_instruction
-from vlm_rewards.evaluation.metrics import mean_voc, pairwise_accuracy, progress_mae, success_auc
+from vlm_rewards.evaluation.metrics import mean_voc, pairwise_accuracy, progress_mae, step_correlation, success_auc
 from vlm_rewards.evaluation.plots import plot_progress_curves
 from vlm_rewards.interface import RewardModel, RewardRequest, RewardResult
 from vlm_rewards.io import write_json
@@ -137,6 +137,7 @@ def evaluate_progress(
         "voc_random": mean_voc([results[i].progress for i in randoms]) if randoms else float("nan"),
         "frame_pair_accuracy": frame_pair_accuracy([r.progress for r in results], [rec.progress for rec in records]),
         "progress_mae": float(np.nanmean([progress_mae(r.progress, rec.progress) for r, rec in zip(results, records)])),
+        "step_correlation": step_correlation([r.progress for r in results], [rec.progress for rec in records]),
         "success_auc": success_auc(
             final_rewards[scored_episodes], np.array([rec.success for rec in records])[scored_episodes]
         )

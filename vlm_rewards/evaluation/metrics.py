@@ -93,3 +93,24 @@ def progress_mae(predicted: np.ndarray, label: np.ndarray) -> float:
     if not scored.any():
         return float("nan")
     return float(np.abs(predicted[scored] - label[scored]).mean())
+
+
+def step_correlation(predicted: Sequence[np.ndarray], labels: Sequence[np.ndarray]) -> float:
+    """Pearson correlation of frame-to-frame changes of predicted and labelled progress, pooled over episodes.
+
+    Potential-based shaping pays γΦ(s') − Φ(s), about the change of predicted progress, every step: this
+    says how well that change follows the true one. A reward can rank whole clips well (VOC) and still
+    have steps that move against the truth. Steps with a NaN prediction are left out; NaN if fewer than
+    two steps remain or either side never changes.
+    """
+    changes = [
+        (np.diff(np.asarray(p, dtype=np.float64)), np.diff(np.asarray(label, dtype=np.float64)))
+        for p, label in zip(predicted, labels, strict=True)
+    ]
+    predicted_steps = np.concatenate([p for p, _ in changes]) if changes else np.zeros(0)
+    label_steps = np.concatenate([label for _, label in changes]) if changes else np.zeros(0)
+    scored = ~np.isnan(predicted_steps)
+    predicted_steps, label_steps = predicted_steps[scored], label_steps[scored]
+    if len(predicted_steps) < 2 or predicted_steps.std() == 0 or label_steps.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(predicted_steps, label_steps)[0, 1])

@@ -38,7 +38,8 @@ Condition = Literal["sparse", "dense", "learned", "goal_image", "scripted"]
 
 
 def _default_env() -> EnvConfig:
-    return EnvConfig(id="vlmr/Reach-v0", max_episode_steps=30)
+    # −1 a step until success: the urgency without which shaped policies stop short of the target
+    return EnvConfig(id="vlmr/Reach-v0", max_episode_steps=30, sparse_step_cost=1.0)
 
 
 def _default_collect() -> CollectConfig:
@@ -74,7 +75,12 @@ def _default_progress_rm() -> TrainRMConfig:
 
 
 def _default_rl() -> RLConfig:
-    return RLConfig(algo="sac", total_timesteps=4000, eval={"every": 1000, "episodes": 10, "video": False})
+    return RLConfig(
+        algo="sac",
+        total_timesteps=4000,
+        reward={"wrapper": {"scale": 10.0}},  # the shaping term against the step cost of 1
+        eval={"every": 1000, "episodes": 10, "video": False},
+    )
 
 
 class PipelineConfig(JobConfig):
@@ -89,7 +95,7 @@ class PipelineConfig(JobConfig):
     preference_stage: TrainRMConfig | None = pydantic.Field(default_factory=_default_stage1)  # None: skip
     progress_rm: TrainRMConfig = pydantic.Field(default_factory=_default_progress_rm)
     rl: RLConfig = pydantic.Field(default_factory=_default_rl)
-    conditions: list[Condition] = ["sparse", "dense", "learned"]
+    conditions: list[Condition] = ["sparse", "dense", "learned", "scripted"]
     scripted_reward: str = "reach_marker_progress"  # reward YAML (path or shipped name) of the `scripted` condition
     seeds: list[int] = [0]
     hacking_rise: float = 0.2  # flagged: learned progress rose by this much while success stayed below 0.2
@@ -368,6 +374,7 @@ def write_report(
         "voc_expert",
         "voc_reversed",
         "voc_random",
+        "step_correlation",
         "pixel_sensitivity",
         "mismatch_accuracy",
         "instruction_sensitivity",
@@ -384,7 +391,8 @@ def write_report(
         "An RM that reads the frames has VOC expert near 1 and VOC reversed near −1, and its own instruction "
         "beats another's (mismatch_accuracy near 1; instruction_sensitivity near 0 means it ignores the "
         "instruction); VOC reversed close to VOC expert, or pixel_sensitivity near 0, means it scores by "
-        "frame position, not by what it sees.",
+        "frame position, not by what it sees. step_correlation is how well the RM's frame-to-frame change "
+        "follows the true one: what potential shaping pays each step.",
     ]
     lines += [
         "",

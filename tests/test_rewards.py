@@ -192,6 +192,7 @@ def test_function_reward_from_yaml_mapping():
         ({"kind": "motion_penalty", "scale": -1}, r"kind 'motion_penalty'\): scale: Input should be greater than 0"),
         ({"kind": "motion_penalty", "scael": 1}, "scael: Extra inputs are not permitted"),
         ({"kind": "composite", "components": []}, "components: List should have at least 1 item"),
+        ({"kind": "marker_progress", "palette": {}, "effector": [0, 0, 0]}, "palette: Dictionary should have at least"),
         ({"kind": "function", "function": "os.path"}, "expected 'package.module:function'"),
         ({"kind": "function", "function": "no_such_module:f"}, "could not be imported"),
         ({"kind": "function", "function": "os:system"}, "functions of 'os' are refused"),

@@ -91,14 +91,12 @@ class MarkerProgress(BaseReward):
 
     class Params(pydantic.BaseModel, extra="forbid"):
         name: str = "marker_progress"
-        palette: dict[str, tuple[int, int, int]]  # colour word -> its RGB as rendered (not as specified)
+        palette: dict[str, tuple[int, int, int]] = pydantic.Field(min_length=1)  # colour word -> RGB as rendered
         effector: tuple[int, int, int]  # the effector marker's RGB as rendered
         tolerance: float = pydantic.Field(40.0, gt=0)  # RGB distance within which a pixel is a marker's
         border: int = pydantic.Field(0, ge=0)  # pixels at each frame edge that are ignored (walls, frames)
 
     def __init__(self, params: Params):
-        if not params.palette:
-            raise ValueError("marker_progress: palette is empty; expected colour word -> rendered RGB")
         self.params = params
         self.words = list(params.palette)
         self.colours = np.array([*params.palette.values(), params.effector], dtype=np.float32)

@@ -391,8 +391,8 @@ def write_report(
         "An RM that reads the frames has VOC expert near 1 and VOC reversed near −1, and its own instruction "
         "beats another's (mismatch_accuracy near 1; instruction_sensitivity near 0 means it ignores the "
         "instruction); VOC reversed close to VOC expert, or pixel_sensitivity near 0, means it scores by "
-        "frame position, not by what it sees. step_correlation is how well the RM's frame-to-frame change "
-        "follows the true one: what potential shaping pays each step.",
+        "frame position, not by what it sees. step_correlation is how well the RM's frame-to-frame changes "
+        "follow the true ones beyond what frame position predicts: what potential shaping pays each step.",
     ]
     lines += [
         "",

@@ -96,21 +96,28 @@ def progress_mae(predicted: np.ndarray, label: np.ndarray) -> float:
 
 
 def step_correlation(predicted: Sequence[np.ndarray], labels: Sequence[np.ndarray]) -> float:
-    """Pearson correlation of frame-to-frame changes of predicted and labelled progress, pooled over episodes.
+    """How well frame-to-frame changes of predicted progress follow the labelled ones, beyond frame position.
 
-    Potential-based shaping pays γΦ(s') − Φ(s), about the change of predicted progress, every step: this
-    says how well that change follows the true one. A reward can rank whole clips well (VOC) and still
-    have steps that move against the truth. Steps with a NaN prediction are left out; NaN if fewer than
-    two steps remain or either side never changes.
+    Potential-based shaping pays γΦ(s') − Φ(s), about the change of predicted progress, every step. The
+    changes at step t of every episode are taken relative to their mean over the episodes that have a
+    step t, on both sides, then correlated (Pearson) over all steps. Without that, a reward that rises with
+    frame position alone scores well, since true progress also rises early in most episodes; with it, such
+    a reward scores 0. Steps with a NaN prediction are left out; NaN if the labels leave nothing to follow.
     """
     changes = [
         (np.diff(np.asarray(p, dtype=np.float64)), np.diff(np.asarray(label, dtype=np.float64)))
         for p, label in zip(predicted, labels, strict=True)
     ]
-    predicted_steps = np.concatenate([p for p, _ in changes]) if changes else np.zeros(0)
-    label_steps = np.concatenate([label for _, label in changes]) if changes else np.zeros(0)
-    scored = ~np.isnan(predicted_steps)
-    predicted_steps, label_steps = predicted_steps[scored], label_steps[scored]
-    if len(predicted_steps) < 2 or predicted_steps.std() == 0 or label_steps.std() == 0:
+    predicted_residuals, label_residuals = [], []
+    for step in range(max((len(p) for p, _ in changes), default=0)):
+        at_step = np.array([(p[step], label[step]) for p, label in changes if len(p) > step and not np.isnan(p[step])])
+        if len(at_step) > 1:
+            predicted_residuals.append(at_step[:, 0] - at_step[:, 0].mean())
+            label_residuals.append(at_step[:, 1] - at_step[:, 1].mean())
+    no_spread = 1e-12  # residuals of changes that are alike at every step are zero up to rounding
+    if not label_residuals or np.concatenate(label_residuals).std() < no_spread:
         return float("nan")
+    predicted_steps, label_steps = np.concatenate(predicted_residuals), np.concatenate(label_residuals)
+    if predicted_steps.std() < no_spread:
+        return 0.0
     return float(np.corrcoef(predicted_steps, label_steps)[0, 1])

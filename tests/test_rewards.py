@@ -71,7 +71,7 @@ def test_marker_progress_follows_the_named_marker():
     np.testing.assert_allclose(to_red.progress, [0.0, 0.25, 0.5, 0.75, 1.0], atol=0.02)
     assert to_blue.progress.max() == 0.0  # moving away from blue: clipped at 0
     hidden = frames.copy()
-    hidden[2, 5:8, 15:18] = 128  # the effector is hidden in frame 2: it keeps its place in frame 1
+    hidden[2, 5:8, 15:18] = 128  # the effector is hidden in frame 2: frame 1's distance is kept
     (result,) = MarkerProgress(MARKERS).score([RewardRequest(hidden, "reach the red target")])
     assert result.progress[2] == pytest.approx(to_red.progress[1])
 

@@ -83,10 +83,10 @@ class MarkerProgress(BaseReward):
 
     progress_t = 1 − d_t / d_0, clipped to [0, 1], with d_t the distance between the centroid of the
     effector's pixels and that of the named colour's pixels in frame t. A pixel belongs to the palette
-    entry (colour word or effector) nearest to it in RGB, if that is within `tolerance`. A marker hidden in
-    a frame keeps its last seen place. It reads only frames and text, so it goes through the same reward
-    path as a learned RM: the robotics experiments use it as the upper bound of what a frame-reading
-    progress reward can give RL.
+    entry (colour word or effector) nearest to it in RGB, if that is within `tolerance`. A frame in which
+    either marker is hidden keeps the previous frame's distance. It reads only frames and text, so it goes
+    through the same reward path as a learned RM: the robotics experiments use it as the upper bound of
+    what a frame-reading progress reward can give RL.
     """
 
     class Params(pydantic.BaseModel, extra="forbid"):

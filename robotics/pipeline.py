@@ -100,6 +100,18 @@ class PipelineConfig(JobConfig):
     seeds: list[int] = [0]
     hacking_rise: float = 0.2  # flagged: learned progress rose by this much while success stayed below 0.2
 
+    @pydantic.model_validator(mode="after")
+    def _scripted_reward_fits_the_task(self) -> PipelineConfig:
+        if "scripted" in self.conditions and self.scripted_reward == "reach_marker_progress" and (
+            self.env.id != "vlmr/Reach-v0"
+        ):
+            raise ValueError(
+                f"conditions has 'scripted' with scripted_reward 'reach_marker_progress', which reads vlmr/Reach-v0 "
+                f"frames only; env.id is {self.env.id!r}: set scripted_reward to a reward for that task or drop "
+                "'scripted' from conditions"
+            )
+        return self
+
 
 class Pipeline:
     def __init__(self, config: PipelineConfig, track: Track | None = None):

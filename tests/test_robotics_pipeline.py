@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 import yaml
 from typer.testing import CliRunner
 
@@ -51,6 +52,12 @@ def test_pipeline_runs_every_stage_then_resumes_without_redoing_them(tmp_path):
     result = runner.invoke(app, ["pipeline", f"output_dir={out}", *REDUCED])
     assert result.exit_code == 0, result.output
     assert {path: path.stat().st_mtime_ns for path in stamps} == stamps
+
+
+def test_the_default_scripted_reward_is_refused_for_another_task():
+    with pytest.raises(ValueError, match="reads vlmr/Reach-v0 frames only; env.id is 'vlmr/Push-v0'"):
+        PipelineConfig(env={"id": "vlmr/Push-v0"})
+    PipelineConfig(env={"id": "vlmr/Push-v0"}, conditions=["sparse", "dense", "learned"])
 
 
 def test_rollout_voc_gives_a_goal_conditioned_reward_the_goal_render(tmp_path):

@@ -1,3 +1,5 @@
+from dataclasses import dataclass
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -64,17 +66,35 @@ def test_seeded_resets_repeat_and_differ(env_id):
     assert not np.array_equal(first, other)
 
 
+@dataclass
+class Episode:
+    infos: list[dict]  # reset's, then every step's
+    rewards: list[float]
+    frames: list[np.ndarray]  # env.render() after reset and every step; none without rgb_array rendering
+    terminated: bool
+
+
+def scripted_episode(env, policy: str, seed: int, rng: np.random.Generator, noise: float = 0.0) -> Episode:
+    """One episode of a scripted policy (robotics.experts) from `reset(seed=seed)`."""
+    expert = make_expert(env)
+    obs, info = env.reset(seed=seed)
+    render = env.render_mode == "rgb_array"
+    episode = Episode([info], [], [env.render()] if render else [], False)
+    wrong, truncated = pick_wrong_target(expert, obs, rng), False
+    while not (episode.terminated or truncated):
+        action = scripted_action(expert, policy, obs, rng, noise, wrong)
+        obs, reward, episode.terminated, truncated, info = env.step(action)
+        episode.infos.append(info)
+        episode.rewards.append(reward)
+        if render:
+            episode.frames.append(env.render())
+    return episode
+
+
 def success_rate(env_id: str, policy: str, episodes: int, noise: float = 0.0) -> float:
-    env = gym.make(env_id)
-    expert, rng, successes = make_expert(env), np.random.default_rng(0), []
-    for seed in range(episodes):
-        obs, info = env.reset(seed=seed)
-        wrong, done = pick_wrong_target(expert, obs, rng), False
-        while not done:
-            obs, _, terminated, truncated, info = env.step(scripted_action(expert, policy, obs, rng, noise, wrong))
-            done = terminated or truncated
-        successes.append(info["is_success"])
-    return float(np.mean(successes))
+    env, rng = gym.make(env_id), np.random.default_rng(0)
+    return float(np.mean([scripted_episode(env, policy, seed, rng, noise).infos[-1]["is_success"]
+                          for seed in range(episodes)]))  # fmt: skip
 
 
 @pytest.mark.parametrize("env_id", TASKS)
@@ -86,16 +106,9 @@ def test_experts_succeed_and_random_or_wrong_object_rarely(env_id):
 
 
 def test_sparse_and_dense_rewards_and_termination():
-    env = gym.make("vlmr/Reach-v0", reward_type="dense")
-    obs, info = env.reset(seed=0)
-    expert = make_expert(env)
-    rewards = []
-    while True:
-        obs, reward, terminated, truncated, info = env.step(expert.act(obs))
-        rewards.append(reward)
-        if terminated or truncated:
-            break
-    assert terminated and info["is_success"] and rewards[-1] == 0.0  # dense = progress − 1
+    episode = scripted_episode(gym.make("vlmr/Reach-v0", reward_type="dense"), "expert", 0, np.random.default_rng(0))
+    rewards = episode.rewards
+    assert episode.terminated and episode.infos[-1]["is_success"] and rewards[-1] == 0.0  # dense = progress − 1
     assert all(r <= 0 for r in rewards) and rewards[0] < rewards[-2]
 
 
@@ -104,19 +117,12 @@ def test_sparse_step_cost_charges_every_step_before_success():
     from robotics.envs import make_env
 
     config = EnvConfig(sparse_step_cost=1.0, max_episode_steps=30)
-    env, dense = make_env(config), make_env(config, reward_type="dense")
-    obs, _ = env.reset(seed=0)
-    dense.reset(seed=0)
-    expert, rewards = make_expert(env), []
-    while True:
-        action = expert.act(obs)
-        obs, reward, terminated, truncated, info = env.step(action)
-        rewards.append((reward, dense.step(action)[1]))
-        if terminated or truncated:
-            break
-    assert terminated and info["is_success"]
-    assert [sparse for sparse, _ in rewards] == [-1.0] * (len(rewards) - 1) + [1.0]
-    assert rewards[-1][1] == 0.0 and all(-1 <= d < 0 for _, d in rewards[:-1])  # dense: progress − 1, no cost
+    rng = np.random.default_rng(0)
+    sparse = scripted_episode(make_env(config), "expert", 0, rng)
+    dense = scripted_episode(make_env(config, reward_type="dense"), "expert", 0, rng)  # the same trajectory
+    assert sparse.terminated and sparse.infos[-1]["is_success"] and len(dense.rewards) == len(sparse.rewards)
+    assert sparse.rewards == [-1.0] * (len(sparse.rewards) - 1) + [1.0]
+    assert dense.rewards[-1] == 0.0 and all(-1 <= d < 0 for d in dense.rewards[:-1])  # dense: progress − 1, no cost
 
 
 def test_camera_frames_errors_are_clear():
@@ -162,19 +168,13 @@ def test_the_scripted_marker_reward_reads_reach_frames(table):
 
     reward = build_reward("reach_marker_progress")
     env = gym.make("vlmr/Reach-v0", render_mode="rgb_array", table=table, max_episode_steps=30)
-    expert, rng = make_expert(env), np.random.default_rng(0)
+    rng = np.random.default_rng(0)
     finals = {"expert": [], "wrong_object": []}
     for seed in range(6):
         for policy in finals:
-            obs, info = env.reset(seed=seed)
-            wrong, done = pick_wrong_target(expert, obs, rng), False
-            frames, truth = [env.render()], [info["progress"]]
-            while not done:
-                obs, _, terminated, truncated, info = env.step(scripted_action(expert, policy, obs, rng, 0.0, wrong))
-                frames.append(env.render())
-                truth.append(info["progress"])
-                done = terminated or truncated
-            (result,) = reward.score([RewardRequest(np.stack(frames), info["instruction"])])
+            episode = scripted_episode(env, policy, seed, rng)
+            truth = [info["progress"] for info in episode.infos]
+            (result,) = reward.score([RewardRequest(np.stack(episode.frames), episode.infos[-1]["instruction"])])
             finals[policy].append(result.reward)
             if np.std(truth) > 0.05:
                 assert np.corrcoef(result.progress, truth)[0, 1] > 0.9

@@ -6,7 +6,7 @@ from vlm_rewards.normalization import RunningMeanStd, group_statistics, group_zs
 from vlm_rewards.registry import REWARDS_DIR, build_reward, known_kinds, register
 from vlm_rewards.rewards.composite import CompositeReward
 from vlm_rewards.rewards.function import FunctionReward
-from vlm_rewards.rewards.rules import GoalPixelProgress, MarkerProgress, MotionPenalty
+from vlm_rewards.rewards.rules import DistanceSession, GoalPixelProgress, MarkerProgress, MotionPenalty
 from vlm_rewards.testing import ConformanceError, check_reward
 
 
@@ -34,8 +34,14 @@ def test_goal_pixel_progress_needs_a_goal(expert_requests):
     with pytest.raises(ValueError, match=message):
         GoalPixelProgress().score([RewardRequest(request.frames, request.text)])
     small_goal = np.zeros((1, 8, 8, 3), np.uint8)
-    with pytest.raises(ValueError, match=r"goal of shape \(8, 8, 3\), expected the frames' shape"):
+    message = r"frames: frames of shape \(56, 56, 3\), expected the goal image's shape \(8, 8, 3\)"
+    with pytest.raises(ValueError, match=r"requests\[0\]." + message):
         GoalPixelProgress().score([RewardRequest(request.frames, request.text, small_goal)])
+    with pytest.raises(ValueError, match=r"references\[1\]: goal_pixel_progress needs a goal image, got None"):
+        GoalPixelProgress().open_session([request.text] * 2, [request.reference, None])
+    session = GoalPixelProgress().open_session([request.text], [small_goal])
+    with pytest.raises(ValueError, match=r"frames\[0\]: frames of shape"):
+        session.append([request.frames[:2]])
 
 
 def test_motion_penalty_is_zero_for_a_still_clip():
@@ -74,6 +80,22 @@ def test_marker_progress_follows_the_named_marker():
     hidden[2, 5:8, 15:18] = 128  # the effector is hidden in frame 2: frame 1's distance is kept
     (result,) = MarkerProgress(MARKERS).score([RewardRequest(hidden, "reach the red target")])
     assert result.progress[2] == pytest.approx(to_red.progress[1])
+
+
+def test_marker_progress_session_reads_each_frame_once(monkeypatch):
+    """The RL loop's session reads only the new frames (O(1) a step), with the whole clip's values."""
+    frames = marker_clip([(6, 26), (6, 21), (6, 16), (6, 11), (6, 6)])
+    reward = MarkerProgress(MARKERS)
+    (whole,) = reward.score([RewardRequest(frames, "reach the red target")])
+    frames_read = []
+    read = reward._distances
+    monkeypatch.setattr(
+        reward, "_distances", lambda new, goal, where: frames_read.append(len(new)) or read(new, goal, where)
+    )
+    with reward.open_session(["reach the red target"]) as session:
+        streamed = np.concatenate([session.append([frame[None]])[0] for frame in frames])
+    np.testing.assert_allclose(streamed, whole.progress)
+    assert frames_read == [1] * len(frames)
 
 
 @pytest.mark.parametrize("text, count", [("reach the green target", 0), ("red or blue", 2)])
@@ -166,6 +188,19 @@ def test_composite_of_dense_parts_keeps_weighted_progress(expert_requests):
 
 def failing(request):
     return RewardResult(reward=float("nan"), error="unparseable answer")
+
+
+def test_composite_of_causal_parts_streams_each_part(expert_requests):
+    """Each part keeps its own session (no rescoring); the composite adds their progress per frame."""
+    composite = CompositeReward([GoalPixelProgress(), GoalPixelProgress(name="b")], [1.0, 0.5])
+    request = expert_requests[0]
+    with composite.open_session([request.text], [request.reference]) as session:
+        assert all(isinstance(part, DistanceSession) for part in session.sessions)
+        streamed = np.concatenate([session.append([request.frames[t : t + 1]])[0] for t in range(request.num_frames)])
+        with pytest.raises(ValueError, match=r"frames\[0\]: expected dtype uint8"):
+            session.append([request.frames.astype(np.float32)])
+        assert session.num_frames == [request.num_frames]
+    np.testing.assert_allclose(streamed, 1.5 * composite.rewards[0].score([request])[0].progress)
 
 
 def test_composite_propagates_a_component_error_by_default():

@@ -12,13 +12,22 @@ composite's value NaN too, with the part's error; `zero` counts the part as 0 an
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
 import pydantic
 
 from vlm_rewards.fingerprint import fingerprint
-from vlm_rewards.interface import BaseReward, RewardModel, RewardRequest, RewardResult, RewardSpec
+from vlm_rewards.interface import (
+    BaseReward,
+    RewardModel,
+    RewardRequest,
+    RewardResult,
+    RewardSession,
+    RewardSpec,
+    validate_clip,
+)
 from vlm_rewards.registry import build_reward, current_config_folder, register
 
 OnError = Literal["propagate", "zero"]
@@ -92,6 +101,15 @@ class CompositeReward(BaseReward):
             on_error=params.on_error,
         )
 
+    def open_session(
+        self, texts: Sequence[str], references: Sequence[np.ndarray | None] | None = None
+    ) -> RewardSession:
+        """Dense causal parts stream in their own sessions (a KV cache, a distance track), combined per
+        frame; otherwise each append rescores the prefix."""
+        if not self.spec.causal:
+            return super().open_session(texts, references)
+        return CompositeSession(self, [reward.open_session(texts, references) for reward in self.rewards])
+
     def _score(self, requests: list[RewardRequest]) -> list[RewardResult]:
         part_results = [reward.score(requests) for reward in self.rewards]
         return [self._combine(i, [results[i] for results in part_results]) for i in range(len(requests))]
@@ -116,6 +134,33 @@ class CompositeReward(BaseReward):
         return np.tensordot(self.weights, values, axes=1)
 
 
+class CompositeSession(RewardSession):
+    """The parts' sessions side by side; each append returns the weighted sum of their progress."""
+
+    def __init__(self, composite: CompositeReward, sessions: list[RewardSession]):
+        self.composite, self.sessions = composite, sessions
+
+    @property
+    def num_frames(self) -> list[int]:
+        return self.sessions[0].num_frames
+
+    def reset(self, index: int, text: str, reference: np.ndarray | None = None) -> None:
+        for session in self.sessions:
+            session.reset(index, text, reference)
+
+    def append(
+        self, frames: Sequence[np.ndarray], views: Sequence[Mapping[str, np.ndarray]] | None = None
+    ) -> list[np.ndarray]:
+        for i, new in enumerate(frames):  # refused by every part before any part's stream moves on
+            validate_clip(new, f"frames[{i}]", self.composite.spec)
+        parts = [session.append(frames, views) for session in self.sessions]
+        return [self.composite._weighted(np.stack(stream)) for stream in zip(*parts)]
+
+    def close(self) -> None:
+        for session in self.sessions:
+            session.close()
+
+
 def _weighted_range(specs: list[RewardSpec], weights: list[float]) -> tuple[float, float]:
     low = high = 0.0
     for spec, weight in zip(specs, weights):
@@ -131,4 +176,3 @@ def _intersect_frame_sizes(sizes: list[tuple[int, int] | None]) -> tuple[int, in
     if not given:
         return None
     return (max(low for low, _ in given), min(high for _, high in given))
-

@@ -2,21 +2,137 @@
 
 from __future__ import annotations
 
+import math
+from abc import abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 import numpy as np
 import pydantic
 
 from vlm_rewards.fingerprint import fingerprint
-from vlm_rewards.interface import REFERENCE, BaseReward, RewardRequest, RewardResult, RewardSpec
+from vlm_rewards.interface import (
+    REFERENCE,
+    BaseReward,
+    RewardRequest,
+    RewardResult,
+    RewardSession,
+    RewardSpec,
+    validate_clip,
+)
 from vlm_rewards.registry import register
 
 
+class DistanceProgress(BaseReward):
+    """Dense progress from a distance, read in each frame, to what the request asks for.
+
+    progress_t = 1 − d_t / d_0, clipped to [0, 1]; 1 throughout when d_0 = 0. A frame whose distance cannot
+    be read (NaN) keeps the previous frame's; a clip whose first frame cannot be read gets progress 0.
+    Progress at t needs only d_0 and d_t, so sessions keep those per stream and read each new frame once:
+    O(1) work a step in the RL loop, never rescoring the prefix. Subclasses say what the frames are
+    measured against (`_goal`) and how (`_distances`).
+    """
+
+    distance_name = "distance"  # the `info` key of the last frame's distance
+
+    @abstractmethod
+    def _goal(self, text: str, reference: np.ndarray | None, text_name: str, reference_name: str) -> Any:
+        """What the frames are measured against, from a request's text and reference (names for errors)."""
+
+    @abstractmethod
+    def _distances(self, frames: np.ndarray, goal: Any, where: str) -> np.ndarray:
+        """(T,) distance of each of `frames` (named `where` in errors) to `goal`; NaN where unreadable."""
+
+    def _score(self, requests: list[RewardRequest]) -> list[RewardResult]:
+        results = []
+        for i, request in enumerate(requests):
+            goal = self._goal(request.text, request.reference, f"requests[{i}].text", f"requests[{i}].reference")
+            track = _DistanceTrack()
+            progress = track.extend(self._distances(request.frames, goal, f"requests[{i}].frames"))
+            results.append(RewardResult(float(progress[-1]), progress, info={self.distance_name: track.last}))
+        return results
+
+    def open_session(
+        self, texts: Sequence[str], references: Sequence[np.ndarray | None] | None = None
+    ) -> RewardSession:
+        return DistanceSession(self, texts, references)
+
+
+class DistanceSession(RewardSession):
+    """One `DistanceProgress` stream per env: each new frame's distance is read once and compared with d_0."""
+
+    def __init__(
+        self, reward: DistanceProgress, texts: Sequence[str], references: Sequence[np.ndarray | None] | None = None
+    ):
+        references = [None] * len(texts) if references is None else list(references)
+        if len(references) != len(texts):
+            raise ValueError(f"open_session: {len(texts)} texts but {len(references)} references")
+        self.reward = reward
+        self._goals = [self._goal(i, text, reference) for i, (text, reference) in enumerate(zip(texts, references))]
+        self._tracks = [_DistanceTrack() for _ in texts]
+
+    def _goal(self, index: int, text: str, reference: np.ndarray | None) -> Any:
+        if REFERENCE in self.reward.spec.requires and reference is None:
+            raise ValueError(f"references[{index}]: {self.reward.spec.name} needs a goal image, got None")
+        return self.reward._goal(text, reference, f"texts[{index}]", f"references[{index}]")
+
+    @property
+    def num_frames(self) -> list[int]:
+        return [track.num_frames for track in self._tracks]
+
+    def reset(self, index: int, text: str, reference: np.ndarray | None = None) -> None:
+        self._goals[index] = self._goal(index, text, reference)
+        self._tracks[index] = _DistanceTrack()
+
+    def append(
+        self, frames: Sequence[np.ndarray], views: Sequence[Mapping[str, np.ndarray]] | None = None
+    ) -> list[np.ndarray]:
+        if len(frames) != len(self._tracks):
+            raise ValueError(f"append: {len(frames)} frame arrays for {len(self._tracks)} streams")
+        distances = []
+        for i, (new, goal, track) in enumerate(zip(frames, self._goals, self._tracks)):
+            validate_clip(new, f"frames[{i}]", self.reward.spec)
+            track.check_shape(new, f"frames[{i}]")
+            distances.append(self.reward._distances(new, goal, f"frames[{i}]"))
+        # every stream's frames are read before any state changes: a refused call leaves the session as it was
+        return [track.extend(d).astype(np.float64) for track, d in zip(self._tracks, distances)]
+
+
+class _DistanceTrack:
+    """What progress 1 − d_t / d_0 needs of a clip seen so far: d_0, the last readable distance, its length."""
+
+    def __init__(self) -> None:
+        self.start = self.last = math.nan
+        self.num_frames = 0
+        self.frame_shape: tuple[int, ...] | None = None
+
+    def check_shape(self, frames: np.ndarray, where: str) -> None:
+        if self.frame_shape is not None and frames.shape[1:] != self.frame_shape:
+            raise ValueError(f"{where}: frames of shape {frames.shape[1:]}, the stream began with {self.frame_shape}")
+
+    def extend(self, distances: np.ndarray) -> np.ndarray:
+        """Progress of the next frames, given their distances."""
+        distances = _carry_forward(np.concatenate([[self.last], distances]))[1:]
+        if self.num_frames == 0:
+            self.start = distances[0]
+        self.num_frames += len(distances)
+        self.last = float(distances[-1])
+        if np.isnan(self.start):  # a marker missing from the first frame: no progress can be read
+            return np.zeros_like(distances)
+        if self.start == 0:
+            return np.ones_like(distances)
+        return np.clip(1.0 - distances / self.start, 0.0, 1.0)
+
+
 @register("goal_pixel_progress")
-class GoalPixelProgress(BaseReward):
+class GoalPixelProgress(DistanceProgress):
     """Progress toward a goal image by pixel distance.
 
-    progress_t = 1 − d(frame_t, goal) / d(frame_0, goal), clipped to [0, 1], with d the mean absolute
-    RGB difference; the goal is the request's last reference frame. reward = progress of the last frame.
+    d_t is the mean absolute RGB difference between frame t and the goal, the request's last reference
+    frame; progress follows `DistanceProgress`. reward = progress of the last frame.
     """
+
+    distance_name = "goal_distance"
 
     class Params(pydantic.BaseModel, extra="forbid"):
         name: str = "goal_pixel_progress"
@@ -35,20 +151,16 @@ class GoalPixelProgress(BaseReward):
     def from_params(cls, params: Params) -> GoalPixelProgress:
         return cls(params.name)
 
-    def _score(self, requests: list[RewardRequest]) -> list[RewardResult]:
-        return [self._score_one(i, request) for i, request in enumerate(requests)]
+    def _goal(self, text: str, reference: np.ndarray | None, text_name: str, reference_name: str) -> np.ndarray:
+        validate_clip(reference, reference_name)
+        return reference[-1].astype(np.float32)
 
-    def _score_one(self, index: int, request: RewardRequest) -> RewardResult:
-        goal = request.reference[-1].astype(np.float32)
-        if goal.shape != request.frames.shape[1:]:
+    def _distances(self, frames: np.ndarray, goal: np.ndarray, where: str) -> np.ndarray:
+        if goal.shape != frames.shape[1:]:
             raise ValueError(
-                f"requests[{index}].reference: goal of shape {goal.shape}, expected the frames' shape "
-                f"{request.frames.shape[1:]}"
+                f"{where}: frames of shape {frames.shape[1:]}, expected the goal image's shape {goal.shape}"
             )
-        distances = np.abs(request.frames.astype(np.float32) - goal).mean(axis=(1, 2, 3))
-        start = distances[0]
-        progress = np.ones_like(distances) if start == 0 else np.clip(1.0 - distances / start, 0.0, 1.0)
-        return RewardResult(reward=float(progress[-1]), progress=progress, info={"goal_distance": float(distances[-1])})
+        return np.abs(frames.astype(np.float32) - goal).mean(axis=(1, 2, 3))
 
 
 @register("motion_penalty")
@@ -77,17 +189,19 @@ class MotionPenalty(BaseReward):
 
 
 @register("marker_progress")
-class MarkerProgress(BaseReward):
+class MarkerProgress(DistanceProgress):
     """Scripted progress in scenes of flat colour markers: how much closer the effector's marker is to the
     marker of the colour the instruction names, in pixels.
 
-    progress_t = 1 − d_t / d_0, clipped to [0, 1], with d_t the distance between the centroid of the
-    effector's pixels and that of the named colour's pixels in frame t. A pixel belongs to the palette
-    entry (colour word or effector) nearest to it in RGB, if that is within `tolerance`. A frame in which
-    either marker is hidden keeps the previous frame's distance. It reads only frames and text, so it goes
+    d_t is the distance between the centroid of the effector's pixels and that of the named colour's
+    pixels in frame t; progress follows `DistanceProgress`, so a frame in which either marker is hidden
+    keeps the previous frame's distance. A pixel belongs to the palette entry (colour word or effector)
+    nearest to it in RGB, if that is within `tolerance`. It reads only frames and text, so it goes
     through the same reward path as a learned RM: the robotics experiments use it as the upper bound of
     what a frame-reading progress reward can give RL.
     """
+
+    distance_name = "marker_distance"
 
     class Params(pydantic.BaseModel, extra="forbid"):
         name: str = "marker_progress"
@@ -112,30 +226,19 @@ class MarkerProgress(BaseReward):
     def from_params(cls, params: Params) -> MarkerProgress:
         return cls(params)
 
-    def _score(self, requests: list[RewardRequest]) -> list[RewardResult]:
-        return [self._score_one(i, request) for i, request in enumerate(requests)]
-
-    def _named(self, index: int, text: str) -> int:
+    def _goal(self, text: str, reference: np.ndarray | None, text_name: str, reference_name: str) -> int:
+        """The palette index of the colour the text names."""
         named = [i for i, word in enumerate(self.words) if word in text.lower().split()]
         if len(named) != 1:
             raise ValueError(
-                f"requests[{index}].text: {text!r} names {len(named)} palette colours; expected exactly one of "
-                f"{self.words}"
+                f"{text_name}: {text!r} names {len(named)} palette colours; expected exactly one of {self.words}"
             )
         return named[0]
 
-    def _score_one(self, index: int, request: RewardRequest) -> RewardResult:
-        named = self._named(index, request.text)
+    def _distances(self, frames: np.ndarray, goal: int, where: str) -> np.ndarray:
         effector = len(self.words)
-        places = [self._centroids(frame, (named, effector)) for frame in request.frames]
-        distances = _carry_forward(np.array([np.linalg.norm(a - b) for a, b in places]))
-        start = distances[0]  # NaN when a marker is not in the first frame: no progress can be read
-        if np.isnan(start):
-            progress = np.zeros_like(distances)
-        else:
-            progress = np.ones_like(distances) if start == 0 else np.clip(1.0 - distances / start, 0.0, 1.0)
-        info = {"marker_distance": float(distances[-1])}
-        return RewardResult(reward=float(progress[-1]), progress=progress, info=info)
+        places = [self._centroids(frame, (goal, effector)) for frame in frames]
+        return np.array([np.linalg.norm(a - b) for a, b in places])
 
     def _centroids(self, frame: np.ndarray, entries: tuple[int, ...]) -> list[np.ndarray]:
         """Each entry's pixel centroid (row, col) in one frame; NaN where none of its pixels is visible."""

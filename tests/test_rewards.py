@@ -1,4 +1,5 @@
 import numpy as np
+import pydantic
 import pytest
 
 from vlm_rewards.interface import RewardRequest, RewardResult
@@ -7,7 +8,7 @@ from vlm_rewards.registry import REWARDS_DIR, build_reward, known_kinds, registe
 from vlm_rewards.rewards.composite import CompositeReward
 from vlm_rewards.rewards.function import FunctionReward
 from vlm_rewards.rewards.rules import DistanceSession, GoalPixelProgress, MarkerProgress, MotionPenalty
-from vlm_rewards.testing import ConformanceError, check_reward
+from vlm_rewards.testing import ConformanceError, check_reward, random_requests
 
 
 def mean_pixel(request: RewardRequest) -> float:
@@ -82,6 +83,29 @@ def test_marker_progress_follows_the_named_marker():
     assert result.progress[2] == pytest.approx(to_red.progress[1])
 
 
+def test_marker_progress_between_two_named_colours():
+    """Push-style: the first named colour's marker moves onto the second's; either may have two shades."""
+    frames = marker_clip([(14, 14)] * 4)
+    for t, col in enumerate([6, 12, 18, 25]):  # the red marker slides right, along the blue one's row
+        frames[t, 4:9, 4:9] = 128
+        frames[t, 23:28, col - 2 : col + 3] = (200, 60, 60) if t % 2 else (250, 40, 40)
+    frames[:, 23:28, 23:28] = (40, 40, 250)
+    frames[3, 23:28, 23:28] = (200, 60, 60)  # on top of blue: blue is hidden, the last distance is kept
+    params = MARKERS.model_copy(
+        update={
+            "between": (1, 2),
+            "colours_named": 2,
+            "palette": {"red": [(250, 40, 40), (200, 60, 60)], "blue": (40, 40, 250)},
+        }
+    )
+    (push,) = MarkerProgress(params).score([RewardRequest(frames, "push the red block to the blue zone")])
+    np.testing.assert_allclose(push.progress, [0.0, 6 / 19, 12 / 19, 12 / 19], atol=0.02)
+    with pytest.raises(ValueError, match=r"names 1 palette colours; expected 2"):
+        MarkerProgress(params).score([RewardRequest(frames, "push the red block")])
+    with pytest.raises(pydantic.ValidationError, match=r"between \(1, 3\): expected two different markers"):
+        MarkerProgress.Params(palette={"red": (1, 2, 3)}, effector=(0, 0, 0), between=(1, 3), colours_named=2)
+
+
 def test_marker_progress_session_reads_each_frame_once(monkeypatch):
     """The RL loop's session reads only the new frames (O(1) a step), with the whole clip's values."""
     frames = marker_clip([(6, 26), (6, 21), (6, 16), (6, 11), (6, 6)])
@@ -100,7 +124,9 @@ def test_marker_progress_session_reads_each_frame_once(monkeypatch):
 
 @pytest.mark.parametrize("text, count", [("reach the green target", 0), ("red or blue", 2)])
 def test_marker_progress_needs_exactly_one_named_colour(text, count):
-    message = rf"requests\[0\].text: '{text}' names {count} palette colours; expected exactly one of \['red', 'blue'\]"
+    message = (
+        rf"requests\[0\].text: '{text}' names {count} palette colours; expected 1, all different, of \['red', 'blue'\]"
+    )
     with pytest.raises(ValueError, match=message):
         MarkerProgress(MARKERS).score([RewardRequest(marker_clip([(6, 26)]), text)])
 
@@ -309,6 +335,7 @@ def test_user_registered_kind():
     assert result.reward == 0.25
 
 
+PUSH_TEXTS = ("push the red block to the blue zone", "push the green block to the red zone")  # two colours named
 CONFIGS_NEEDING_WEIGHTS = {"embedding_goal", "progress_tiny", "preference_tiny", "vlm_judge", "gvl_progress"}
 
 
@@ -317,7 +344,9 @@ def test_every_shipped_reward_config_conforms(path):
     """Configs that need weights are checked in their own test files, on tiny models."""
     if path.stem in CONFIGS_NEEDING_WEIGHTS:
         pytest.skip("needs model weights; covered with a tiny model elsewhere")
-    check_reward(build_reward(path))
+    reward = build_reward(path)
+    two_colours = random_requests(reward.spec, np.random.default_rng(0), texts=PUSH_TEXTS)
+    check_reward(reward, two_colours if path.stem.startswith("push_") else None)
 
 
 @pytest.mark.parametrize(

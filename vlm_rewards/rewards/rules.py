@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pydantic
@@ -188,32 +188,51 @@ class MotionPenalty(BaseReward):
         return results
 
 
+RGB = tuple[int, int, int]
+Marker = Literal["effector"] | pydantic.PositiveInt
+
+
 @register("marker_progress")
 class MarkerProgress(DistanceProgress):
-    """Scripted progress in scenes of flat colour markers: how much closer the effector's marker is to the
-    marker of the colour the instruction names, in pixels.
+    """Scripted progress in scenes of flat colour markers: how much closer two markers have come, in pixels.
 
-    d_t is the distance between the centroid of the effector's pixels and that of the named colour's
-    pixels in frame t; progress follows `DistanceProgress`, so a frame in which either marker is hidden
-    keeps the previous frame's distance. A pixel belongs to the palette entry (colour word or effector)
-    nearest to it in RGB, if that is within `tolerance`. It reads only frames and text, so it goes
-    through the same reward path as a learned RM: the robotics experiments use it as the upper bound of
-    what a frame-reading progress reward can give RL.
+    The markers are the effector and the colours the instruction names, counted in the order they appear
+    (`between`: ("effector", 1) for "reach the red target"; (1, 2) for "push the red block to the blue
+    zone"). d_t is the distance between the centroids of their pixels in frame t; progress follows
+    `DistanceProgress`, so a frame in which either marker is hidden keeps the previous frame's distance.
+    A pixel belongs to the palette entry nearest to it in RGB, if that is within `tolerance`. It reads
+    only frames and text, so it goes through the same reward path as a learned RM: the robotics
+    experiments use it as the upper bound of what a frame-reading progress reward can give RL.
     """
 
     distance_name = "marker_distance"
 
     class Params(pydantic.BaseModel, extra="forbid"):
         name: str = "marker_progress"
-        palette: dict[str, tuple[int, int, int]] = pydantic.Field(min_length=1)  # colour word -> RGB as rendered
-        effector: tuple[int, int, int]  # the effector marker's RGB as rendered
+        # colour word -> its RGB as rendered, or several (e.g. a lit block's and a flat zone's shade)
+        palette: dict[str, RGB | list[RGB]] = pydantic.Field(min_length=1)
+        effector: RGB  # the effector marker's RGB as rendered
+        between: tuple[Marker, Marker] = ("effector", 1)  # "effector" or k: the k-th colour the text names
+        colours_named: int = pydantic.Field(1, ge=1)  # how many palette colours every text names
         tolerance: float = pydantic.Field(40.0, gt=0)  # RGB distance within which a pixel is a marker's
         border: int = pydantic.Field(0, ge=0)  # pixels at each frame edge that are ignored (walls, frames)
+
+        @pydantic.model_validator(mode="after")
+        def _between_named_colours(self) -> MarkerProgress.Params:
+            if len(set(self.between)) != 2 or any(m != "effector" and m > self.colours_named for m in self.between):
+                raise ValueError(
+                    f"between {self.between}: expected two different markers, each 'effector' or a colour "
+                    f"number up to colours_named={self.colours_named}"
+                )
+            return self
 
     def __init__(self, params: Params):
         self.params = params
         self.words = list(params.palette)
-        self.colours = np.array([*params.palette.values(), params.effector], dtype=np.float32)
+        shades = [(i, rgb) for i, value in enumerate(params.palette.values()) for rgb in _as_list(value)]
+        self.effector = len(self.words)
+        self.shade_marker = np.array([i for i, _ in shades] + [self.effector])
+        self.shades = np.array([rgb for _, rgb in shades] + [params.effector], dtype=np.float32)
         self.spec = RewardSpec(
             name=params.name,
             version=fingerprint("marker_progress", params.model_dump()),
@@ -226,31 +245,36 @@ class MarkerProgress(DistanceProgress):
     def from_params(cls, params: Params) -> MarkerProgress:
         return cls(params)
 
-    def _goal(self, text: str, reference: np.ndarray | None, text_name: str, reference_name: str) -> int:
-        """The palette index of the colour the text names."""
-        named = [i for i, word in enumerate(self.words) if word in text.lower().split()]
-        if len(named) != 1:
+    def _goal(self, text: str, reference: np.ndarray | None, text_name: str, reference_name: str) -> tuple[int, int]:
+        """The two markers to measure (palette indices; `self.effector` for the effector)."""
+        named = [self.words.index(word) for word in text.lower().split() if word in self.words]
+        if len(named) != self.params.colours_named or len(set(named)) != len(named):
             raise ValueError(
-                f"{text_name}: {text!r} names {len(named)} palette colours; expected exactly one of {self.words}"
+                f"{text_name}: {text!r} names {len(named)} palette colours; expected {self.params.colours_named}, "
+                f"all different, of {self.words}"
             )
-        return named[0]
+        first, second = (self.effector if m == "effector" else named[m - 1] for m in self.params.between)
+        return first, second
 
-    def _distances(self, frames: np.ndarray, goal: int, where: str) -> np.ndarray:
-        effector = len(self.words)
-        places = [self._centroids(frame, (goal, effector)) for frame in frames]
+    def _distances(self, frames: np.ndarray, goal: tuple[int, int], where: str) -> np.ndarray:
+        places = [self._centroids(frame, goal) for frame in frames]
         return np.array([np.linalg.norm(a - b) for a, b in places])
 
-    def _centroids(self, frame: np.ndarray, entries: tuple[int, ...]) -> list[np.ndarray]:
-        """Each entry's pixel centroid (row, col) in one frame; NaN where none of its pixels is visible."""
+    def _centroids(self, frame: np.ndarray, markers: tuple[int, ...]) -> list[np.ndarray]:
+        """Each marker's pixel centroid (row, col) in one frame; NaN where none of its pixels is visible."""
         border = self.params.border
         pixels = frame[border : frame.shape[0] - border, border : frame.shape[1] - border].astype(np.float32)
-        distance = np.linalg.norm(pixels[:, :, None, :] - self.colours, axis=-1)
-        nearest = np.where(distance.min(axis=-1) <= self.params.tolerance, distance.argmin(axis=-1), -1)
+        distance = np.linalg.norm(pixels[:, :, None, :] - self.shades, axis=-1)
+        nearest = np.where(distance.min(axis=-1) <= self.params.tolerance, self.shade_marker[distance.argmin(-1)], -1)
         centroids = []
-        for entry in entries:
-            rows, cols = np.nonzero(nearest == entry)
+        for marker in markers:
+            rows, cols = np.nonzero(nearest == marker)
             centroids.append(np.array([rows.mean(), cols.mean()]) if len(rows) else np.full(2, np.nan))
         return centroids
+
+
+def _as_list(shades: RGB | list[RGB]) -> list[RGB]:
+    return shades if isinstance(shades, list) else [shades]
 
 
 def _carry_forward(values: np.ndarray) -> np.ndarray:

@@ -24,10 +24,20 @@ class EnvConfig(pydantic.BaseModel, extra="forbid"):
     # vlmr/* tasks: "gradient" shades the table by position (a visual cue for rotary-only vision towers)
     table: Literal["plain", "gradient"] = "plain"
     marker_radius: float = pydantic.Field(0.05, gt=0, le=0.1)  # vlmr/Reach-v0: drawn radius of targets and footprint
+    # vlmr/Push-v0: (low, high) distance from the named block's start to its zone; None: anywhere ≥ 0.17 away
+    push_distance: tuple[float, float] | None = None
+    push_start_behind: bool = False  # vlmr/Push-v0: the effector starts behind the named block (a straight push)
     max_episode_steps: int | None = None  # None: the task's default (Reach 50, Push 100)
     # sparse reward only: −cost on every step without success. 1 gives the goal-reaching convention (−1 a
     # step until success), the urgency the dense reward (progress − 1) has; 0: 1 on success, else 0
     sparse_step_cost: float = pydantic.Field(0.0, ge=0)
+
+    @pydantic.model_validator(mode="after")
+    def _push_distance_is_for_push(self) -> EnvConfig:
+        for name in ("push_distance", "push_start_behind"):
+            if getattr(self, name) and self.id != "vlmr/Push-v0":
+                raise ValueError(f"{name} is a vlmr/Push-v0 setting; env.id is {self.id!r}")
+        return self
 
 
 class CollectConfig(JobConfig):

@@ -37,6 +37,8 @@ def make_env(
         num_distractors=config.num_distractors,
         **({"table": config.table} if config.table != "plain" else {}),
         **({"marker_radius": config.marker_radius} if config.marker_radius != 0.05 else {}),
+        **({"push_distance": config.push_distance} if config.push_distance else {}),
+        **({"start_behind": True} if config.push_start_behind else {}),
         **kwargs,
     )
     if reward_type == "sparse" and config.sparse_step_cost:

@@ -397,6 +397,17 @@ class PushEnv(TabletopEnv):
     stage_budgets = (approach_share, 1 - approach_share)
     contact_distance = EE_RADIUS + BLOCK_HALF + 0.01
 
+    def __init__(
+        self, *args, push_distance: tuple[float, float] | None = None, start_behind: bool = False, **kwargs
+    ):
+        """push_distance: (low, high) the named block starts this far from the named zone's centre (None:
+        anywhere at least 0.17 from every zone). start_behind: the effector starts on the far side of the
+        named block from its zone (within 30° of the push line), so a push is a straight approach."""
+        if push_distance is not None and not 0 < push_distance[0] <= push_distance[1] < WORKSPACE:
+            raise ValueError(f"push_distance {push_distance}; expected 0 < low <= high < {WORKSPACE}")
+        self.push_distance, self.start_behind = push_distance, start_behind
+        super().__init__(*args, **kwargs)
+
     def _stage(self, success: bool) -> int:
         return 2 if success else int(self._distances()[0] == 0.0)
 
@@ -413,6 +424,12 @@ class PushEnv(TabletopEnv):
         return build_model(markers, blocks=[f"block{i}" for i in range(self.num_blocks)], table=self.table)
 
     def _sample_layout(self, rng: np.random.Generator) -> Layout:
+        layout = self._draw_layout(rng)
+        while layout is None:  # a short push or a start behind the block did not fit this draw
+            layout = self._draw_layout(rng)
+        return layout
+
+    def _draw_layout(self, rng: np.random.Generator) -> Layout | None:
         names = list(COLOURS)
         order = rng.permutation(len(names))
         colours = [names[i] for i in order[: self.num_blocks]]
@@ -428,7 +445,41 @@ class PushEnv(TabletopEnv):
                 positions.append(candidate)
         ee_start = _spread_positions(rng, 1, 0.12, avoid=positions)[0]
         target, zone = int(rng.integers(self.num_blocks)), int(rng.integers(self.num_zones))
-        return Layout(colours, np.array(positions), target, zone_colours, zone_positions, zone, ee_start)
+        positions = np.array(positions)
+        if self.push_distance is not None:
+            positions[target] = self._near_zone(rng, zone_positions, zone, np.delete(positions, target, axis=0))
+            if np.isnan(positions[target]).any():
+                return None
+            ee_start = _spread_positions(rng, 1, 0.12, avoid=positions)[0]
+        if self.start_behind:
+            ee_start = self._behind(rng, positions[target], zone_positions[zone])
+            if np.isnan(ee_start).any():
+                return None
+        return Layout(colours, positions, target, zone_colours, zone_positions, zone, ee_start)
+
+    def _behind(self, rng: np.random.Generator, block: np.ndarray, zone: np.ndarray) -> np.ndarray:
+        """An effector start 0.03–0.08 beyond contact on the block's far side from the zone, inside the walls
+        (NaN if 100 draws found none)."""
+        away = np.arctan2(*(block - zone)[::-1])
+        for _ in range(100):
+            angle = away + rng.uniform(-np.pi / 6, np.pi / 6)
+            gap = self.contact_distance + rng.uniform(0.03, 0.08)
+            candidate = block + gap * np.array([np.cos(angle), np.sin(angle)])
+            if np.all(np.abs(candidate) <= WORKSPACE):
+                return candidate
+        return np.full(2, np.nan)
+
+    def _near_zone(self, rng: np.random.Generator, zones: np.ndarray, zone: int, blocks: np.ndarray) -> np.ndarray:
+        """A start for the named block `push_distance` from its zone, clear of the walls and other objects
+        (NaN if 100 draws found none)."""
+        limit = WORKSPACE - 0.05
+        others = [*np.delete(zones, zone, axis=0), *blocks]
+        for _ in range(100):
+            angle, distance = rng.uniform(0, 2 * np.pi), rng.uniform(*self.push_distance)
+            candidate = zones[zone] + distance * np.array([np.cos(angle), np.sin(angle)])
+            if np.all(np.abs(candidate) <= limit) and all(np.linalg.norm(candidate - p) >= 0.17 for p in others):
+                return candidate
+        return np.full(2, np.nan)
 
     def _apply_layout(self, layout: Layout) -> None:
         mujoco.mj_resetData(self.model, self.data)

@@ -35,6 +35,8 @@ from vlm_rewards.training.config import TrainRMConfig
 
 logger = logging.getLogger("vlm_rewards.robotics.pipeline")
 Condition = Literal["sparse", "dense", "learned", "goal_image", "scripted"]
+# the shipped hand-written frame-reading rewards of the `scripted` condition, per task
+SCRIPTED_REWARDS = {"vlmr/Reach-v0": "reach_marker_progress", "vlmr/Push-v0": "push_marker_progress"}
 
 
 def _default_env() -> EnvConfig:
@@ -96,21 +98,22 @@ class PipelineConfig(JobConfig):
     progress_rm: TrainRMConfig = pydantic.Field(default_factory=_default_progress_rm)
     rl: RLConfig = pydantic.Field(default_factory=_default_rl)
     conditions: list[Condition] = ["sparse", "dense", "learned", "scripted"]
-    scripted_reward: str = "reach_marker_progress"  # reward YAML (path or shipped name) of the `scripted` condition
+    scripted_reward: str | None = None  # reward YAML (path or shipped name) of `scripted`; None: SCRIPTED_REWARDS
     seeds: list[int] = [0]
     hacking_rise: float = 0.2  # flagged: learned progress rose by this much while success stayed below 0.2
 
     @pydantic.model_validator(mode="after")
-    def _scripted_reward_fits_the_task(self) -> PipelineConfig:
-        if "scripted" in self.conditions and self.scripted_reward == "reach_marker_progress" and (
-            self.env.id != "vlmr/Reach-v0"
-        ):
+    def _scripted_reward_for_the_task(self) -> PipelineConfig:
+        if "scripted" in self.conditions and self.scripted_reward is None and self.env.id not in SCRIPTED_REWARDS:
             raise ValueError(
-                f"conditions has 'scripted' with scripted_reward 'reach_marker_progress', which reads vlmr/Reach-v0 "
-                f"frames only; env.id is {self.env.id!r}: set scripted_reward to a reward for that task or drop "
-                "'scripted' from conditions"
+                f"conditions has 'scripted' and no scripted_reward; there is no shipped one for env.id "
+                f"{self.env.id!r} (only for {sorted(SCRIPTED_REWARDS)}): set scripted_reward or drop 'scripted'"
             )
         return self
+
+    @property
+    def scripted_reward_config(self) -> str | None:
+        return self.scripted_reward or SCRIPTED_REWARDS.get(self.env.id)
 
 
 class Pipeline:
@@ -193,7 +196,7 @@ class Pipeline:
 
     def run_rl(self, reward_yaml: Path) -> dict[str, list[Path]]:
         runs: dict[str, list[Path]] = {}
-        reward_configs = {"learned": str(reward_yaml), "scripted": self.config.scripted_reward}
+        reward_configs = {"learned": str(reward_yaml), "scripted": self.config.scripted_reward_config}
         for condition in self.config.conditions:
             for seed in self.config.seeds:
                 run_dir = self.root / "rl" / f"{condition}_seed{seed}"

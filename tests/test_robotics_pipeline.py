@@ -54,10 +54,13 @@ def test_pipeline_runs_every_stage_then_resumes_without_redoing_them(tmp_path):
     assert {path: path.stat().st_mtime_ns for path in stamps} == stamps
 
 
-def test_the_default_scripted_reward_is_refused_for_another_task():
-    with pytest.raises(ValueError, match="reads vlmr/Reach-v0 frames only; env.id is 'vlmr/Push-v0'"):
-        PipelineConfig(env={"id": "vlmr/Push-v0"})
-    PipelineConfig(env={"id": "vlmr/Push-v0"}, conditions=["sparse", "dense", "learned"])
+def test_the_scripted_condition_takes_the_task_shipped_reward():
+    assert PipelineConfig().scripted_reward_config == "reach_marker_progress"
+    assert PipelineConfig(env={"id": "vlmr/Push-v0"}).scripted_reward_config == "push_marker_progress"
+    assert PipelineConfig(scripted_reward="mine.yaml").scripted_reward_config == "mine.yaml"
+    with pytest.raises(ValueError, match="no shipped one for env.id 'metaworld/reach-v3'"):
+        PipelineConfig(env={"id": "metaworld/reach-v3"})
+    PipelineConfig(env={"id": "metaworld/reach-v3"}, conditions=["sparse", "dense", "learned"])
 
 
 def test_rollout_voc_gives_a_goal_conditioned_reward_the_goal_render(tmp_path):

@@ -12,7 +12,8 @@ reward; with it, `SB3VecReward` adds the reward calls, in the wrapper's modes:
 Rewards: a progress RM with random weights (the `trained_rm` kind's `TrainedRewardModel`, built in
 memory by `bench/_common.py`'s `build_model`: `--preset tiny` or `qwen2_5_vl_3b`; nothing is
 downloaded, the figures are speeds, not quality), streamed through its KV-cache session (O(1) model
-work per step); and `goal_pixel_progress`, a cheap rule reward whose session rescores the prefix.
+work per step); and `goal_pixel_progress`, a cheap rule reward whose session reads each new frame once
+(`DistanceSession`).
 
 Every measurement resets with the same seeds and replays the same actions for `--steps` vector
 steps (the reset is not timed, the final `flush()` is). Rounds interleave the measurements so that

@@ -118,6 +118,8 @@ def test_marker_progress_session_reads_each_frame_once(monkeypatch):
     )
     with reward.open_session(["reach the red target"]) as session:
         streamed = np.concatenate([session.append([frame[None]])[0] for frame in frames])
+        with pytest.raises(ValueError, match=r"frames\[0\]: frames of shape \(16, 16, 3\), the stream began with"):
+            session.append([frames[:1, :16, :16]])
     np.testing.assert_allclose(streamed, whole.progress)
     assert frames_read == [1] * len(frames)
 

@@ -107,7 +107,10 @@ class _DistanceTrack:
         self.frame_shape: tuple[int, ...] | None = None
 
     def check_shape(self, frames: np.ndarray, where: str) -> None:
-        if self.frame_shape is not None and frames.shape[1:] != self.frame_shape:
+        """The first frames fix the stream's frame shape; later ones must keep it."""
+        if self.frame_shape is None:
+            self.frame_shape = frames.shape[1:]
+        elif frames.shape[1:] != self.frame_shape:
             raise ValueError(f"{where}: frames of shape {frames.shape[1:]}, the stream began with {self.frame_shape}")
 
     def extend(self, distances: np.ndarray) -> np.ndarray:

@@ -17,6 +17,7 @@ and in `info`: `is_success` (sparse), `progress` (task-geometric progress in [0,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -306,6 +307,19 @@ def _spread_positions(rng: np.random.Generator, count: int, min_gap: float, avoi
     return np.array(chosen)
 
 
+def _first_fit(draw: Callable[[], np.ndarray], fits: Callable[[np.ndarray], bool], attempts: int = 100):
+    """The first of `attempts` draws that fits; None if none does (the caller draws its layout again)."""
+    for _ in range(attempts):
+        candidate = draw()
+        if fits(candidate):
+            return candidate
+    return None
+
+
+def _unit(angle: float) -> np.ndarray:
+    return np.array([np.cos(angle), np.sin(angle)])
+
+
 def _one_hot(index: int, size: int) -> np.ndarray:
     vector = np.zeros(size)
     vector[index] = 1.0
@@ -397,9 +411,7 @@ class PushEnv(TabletopEnv):
     stage_budgets = (approach_share, 1 - approach_share)
     contact_distance = EE_RADIUS + BLOCK_HALF + 0.01
 
-    def __init__(
-        self, *args, push_distance: tuple[float, float] | None = None, start_behind: bool = False, **kwargs
-    ):
+    def __init__(self, *args, push_distance: tuple[float, float] | None = None, start_behind: bool = False, **kwargs):
         """push_distance: (low, high) the named block starts this far from the named zone's centre (None:
         anywhere at least 0.17 from every zone). start_behind: the effector starts on the far side of the
         named block from its zone (within 30° of the push line), so a push is a straight approach."""
@@ -447,39 +459,42 @@ class PushEnv(TabletopEnv):
         target, zone = int(rng.integers(self.num_blocks)), int(rng.integers(self.num_zones))
         positions = np.array(positions)
         if self.push_distance is not None:
-            positions[target] = self._near_zone(rng, zone_positions, zone, np.delete(positions, target, axis=0))
-            if np.isnan(positions[target]).any():
+            block = self._near_zone(rng, zone_positions, zone, np.delete(positions, target, axis=0))
+            if block is None:
                 return None
+            positions[target] = block
             ee_start = _spread_positions(rng, 1, 0.12, avoid=positions)[0]
         if self.start_behind:
             ee_start = self._behind(rng, positions[target], zone_positions[zone])
-            if np.isnan(ee_start).any():
+            if ee_start is None:
                 return None
         return Layout(colours, positions, target, zone_colours, zone_positions, zone, ee_start)
 
-    def _behind(self, rng: np.random.Generator, block: np.ndarray, zone: np.ndarray) -> np.ndarray:
-        """An effector start 0.03–0.08 beyond contact on the block's far side from the zone, inside the walls
-        (NaN if 100 draws found none)."""
+    def _behind(self, rng: np.random.Generator, block: np.ndarray, zone: np.ndarray) -> np.ndarray | None:
+        """An effector start 0.03–0.08 beyond contact on the block's far side from the zone, inside the walls."""
         away = np.arctan2(*(block - zone)[::-1])
-        for _ in range(100):
-            angle = away + rng.uniform(-np.pi / 6, np.pi / 6)
-            gap = self.contact_distance + rng.uniform(0.03, 0.08)
-            candidate = block + gap * np.array([np.cos(angle), np.sin(angle)])
-            if np.all(np.abs(candidate) <= WORKSPACE):
-                return candidate
-        return np.full(2, np.nan)
 
-    def _near_zone(self, rng: np.random.Generator, zones: np.ndarray, zone: int, blocks: np.ndarray) -> np.ndarray:
-        """A start for the named block `push_distance` from its zone, clear of the walls and other objects
-        (NaN if 100 draws found none)."""
+        def draw() -> np.ndarray:
+            angle = away + rng.uniform(-np.pi / 6, np.pi / 6)
+            return block + (self.contact_distance + rng.uniform(0.03, 0.08)) * _unit(angle)
+
+        return _first_fit(draw, lambda point: np.all(np.abs(point) <= WORKSPACE))
+
+    def _near_zone(
+        self, rng: np.random.Generator, zones: np.ndarray, zone: int, blocks: np.ndarray
+    ) -> np.ndarray | None:
+        """A start for the named block `push_distance` from its zone, clear of the walls and other objects."""
         limit = WORKSPACE - 0.05
         others = [*np.delete(zones, zone, axis=0), *blocks]
-        for _ in range(100):
-            angle, distance = rng.uniform(0, 2 * np.pi), rng.uniform(*self.push_distance)
-            candidate = zones[zone] + distance * np.array([np.cos(angle), np.sin(angle)])
-            if np.all(np.abs(candidate) <= limit) and all(np.linalg.norm(candidate - p) >= 0.17 for p in others):
-                return candidate
-        return np.full(2, np.nan)
+
+        def fits(point: np.ndarray) -> bool:
+            return np.all(np.abs(point) <= limit) and all(np.linalg.norm(point - p) >= 0.17 for p in others)
+
+        def draw() -> np.ndarray:
+            angle = rng.uniform(0, 2 * np.pi)
+            return zones[zone] + rng.uniform(*self.push_distance) * _unit(angle)
+
+        return _first_fit(draw, fits)
 
     def _apply_layout(self, layout: Layout) -> None:
         mujoco.mj_resetData(self.model, self.data)

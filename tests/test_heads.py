@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from vlm_rewards.models.heads import RewardHead, bradley_terry_loss, two_hot
+from vlm_rewards.models.heads import RewardHead, bradley_terry_loss, step_correlation_loss, two_hot
 
 
 def test_two_hot_expectation_recovers_the_label():
@@ -56,3 +56,12 @@ def test_bradley_terry_loss():
     assert bradley_terry_loss(torch.zeros(1), torch.zeros(1), tie=tie) < bradley_terry_loss(
         torch.tensor([2.0]), torch.zeros(1), tie=tie
     )
+
+
+def test_step_correlation_loss_asks_for_the_steps():
+    labels = torch.tensor([[0.0, 0.2, 0.5, 0.9, 0.0], [0.0, 0.1, 0.1, 0.3, 0.6]])
+    mask = torch.tensor([[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]).bool()  # the padded frame is left out
+    assert step_correlation_loss(3 * labels + 1, labels, mask).item() == pytest.approx(0.0, abs=1e-6)
+    assert step_correlation_loss(-labels, labels, mask).item() == pytest.approx(2.0)
+    frame_position = torch.linspace(0, 1, 5).expand(2, 5)  # steps of one size: nothing in common with the labels'
+    assert step_correlation_loss(frame_position, labels, mask).item() == pytest.approx(1.0)

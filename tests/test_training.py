@@ -67,6 +67,14 @@ def test_head_only_updates_train_the_head_before_the_backbone(tmp_path):
     assert backbone_lrs[:3] == [0.0, 0.0, 0.0] and backbone_lrs[3] > 0  # the lr of the update after each step
 
 
+def test_step_loss_weight_adds_the_step_term(tmp_path):
+    first_losses = {}
+    for weight in (0.0, 5.0):
+        run_training(tiny_config(tmp_path / str(weight), f"optim.step_loss_weight={weight}"))
+        first_losses[weight] = json.loads((tmp_path / str(weight) / "history.json").read_text())["train/loss"][0][1]
+    assert first_losses[5.0] > first_losses[0.0] + 1.0  # an untrained reward's steps barely correlate
+
+
 def test_resume_continues_exactly_where_it_stopped(tmp_path, monkeypatch):
     uninterrupted = tmp_path / "uninterrupted"
     run_training(tiny_config(uninterrupted))

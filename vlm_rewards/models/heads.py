@@ -58,6 +58,17 @@ class RewardHead(nn.Module):
         return (per_frame * mask).sum() / mask.sum().clamp(min=1)
 
 
+def step_correlation_loss(progress: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """1 − the Pearson correlation of predicted and labelled progress changes between consecutive frames,
+    over all of the batch's frame pairs. Per-frame losses fit progress levels, which a curve that rises
+    with a frame's place in the clip half fits; this term asks for the steps, whatever their scale."""
+    pairs = mask[:, 1:] & mask[:, :-1]
+    predicted = (progress[:, 1:] - progress[:, :-1])[pairs].float()
+    target = (labels[:, 1:] - labels[:, :-1])[pairs].float()
+    predicted, target = predicted - predicted.mean(), target - target.mean()
+    return 1 - (predicted * target).sum() / (predicted.norm() * target.norm()).clamp(min=1e-8)
+
+
 def two_hot(labels: torch.Tensor, num_bins: int) -> torch.Tensor:
     """Split each label between the two nearest of `num_bins` centres so that the expectation is exact."""
     position = labels * (num_bins - 1)

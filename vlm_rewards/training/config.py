@@ -101,6 +101,9 @@ class Optimization(JobConfig):
     # learns, then the backbone joins with its own warmup. A fresh head's first gradients otherwise
     # reshape the stage-1 features it is meant to read (instruction grounding among them).
     head_only_updates: int = pydantic.Field(0, ge=0)
+    # progress RM: + this × (1 − correlation of predicted and labelled frame-to-frame progress changes)
+    # (`heads.step_correlation_loss`): the reward's steps, not only its levels, must follow the labels
+    step_loss_weight: float = pydantic.Field(0.0, ge=0)
     grad_clip: float = pydantic.Field(1.0, gt=0)
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"  # auto: bf16 on GPUs that have it
 

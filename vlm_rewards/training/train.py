@@ -35,7 +35,7 @@ from vlm_rewards.evaluation.plots import plot_progress_curves, plot_training_cur
 from vlm_rewards.fingerprint import fingerprint
 from vlm_rewards.io import write_json
 from vlm_rewards.models.backbones import build_tiny_backbone
-from vlm_rewards.models.heads import bradley_terry_loss
+from vlm_rewards.models.heads import bradley_terry_loss, step_correlation_loss
 from vlm_rewards.models.reward_network import RewardNetwork, TrainedRewardModel
 from vlm_rewards.training.batches import PreferenceBatches, ProgressBatch, ProgressBatches
 from vlm_rewards.training.config import TrainRMConfig
@@ -146,7 +146,11 @@ def _loss(model: RewardNetwork, wrapped, batches, step: int, rank: int, config: 
         inputs = model.encode(batch.requests)
         logits = wrapped(inputs)
         labels = batch.labels.to(logits.device)[:, : logits.shape[1]]
-        return model.head.progress_loss(logits, labels, inputs.frame_mask)
+        loss = model.head.progress_loss(logits, labels, inputs.frame_mask)
+        if config.optim.step_loss_weight:
+            steps = step_correlation_loss(model.head.predict(logits), labels, inputs.frame_mask)
+            loss = loss + config.optim.step_loss_weight * steps
+        return loss
     inputs = model.encode(batch.chosen + batch.rejected)
     rewards = model.last_frame(model.head.predict(wrapped(inputs)), inputs.frame_mask)
     chosen, rejected = rewards.chunk(2)

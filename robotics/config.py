@@ -33,7 +33,7 @@ class EnvConfig(pydantic.BaseModel, extra="forbid"):
     sparse_step_cost: float = pydantic.Field(0.0, ge=0)
 
     @pydantic.model_validator(mode="after")
-    def _push_distance_is_for_push(self) -> EnvConfig:
+    def _push_settings_are_for_push(self) -> EnvConfig:
         for name in ("push_distance", "push_start_behind"):
             if getattr(self, name) and self.id != "vlmr/Push-v0":
                 raise ValueError(f"{name} is a vlmr/Push-v0 setting; env.id is {self.id!r}")

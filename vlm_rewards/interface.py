@@ -283,9 +283,7 @@ class RescoringSession(RewardSession):
     def __init__(
         self, reward: RewardModel, texts: Sequence[str], references: Sequence[np.ndarray | None] | None = None
     ):
-        references = [None] * len(texts) if references is None else list(references)
-        if len(references) != len(texts):
-            raise ValueError(f"open_session: {len(texts)} texts but {len(references)} references")
+        references = stream_references(texts, references)
         self.reward = reward
         self._streams = [_Stream(text, reference) for text, reference in zip(texts, references)]
 
@@ -324,6 +322,16 @@ class RescoringSession(RewardSession):
             else:
                 values[stream_index].append(result.reward)
         return [np.asarray(v, dtype=np.float64) for v in values]
+
+
+def stream_references(texts: Sequence[str], references: Sequence[np.ndarray | None] | None) -> list[np.ndarray | None]:
+    """`open_session`'s arguments checked: one reference per text (None for all when not given)."""
+    if isinstance(texts, str) or len(texts) == 0:
+        raise ValueError("open_session: texts: expected a non-empty sequence of instructions, one per stream")
+    references = [None] * len(texts) if references is None else list(references)
+    if len(references) != len(texts):
+        raise ValueError(f"open_session: {len(texts)} texts but {len(references)} references")
+    return references
 
 
 class _Stream:

@@ -70,7 +70,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from vlm_rewards.interface import RewardSession, RewardSpec, validate_clip
+from vlm_rewards.interface import RewardSession, RewardSpec, stream_references, validate_clip
 from vlm_rewards.models.inputs import IMAGE_PLACEHOLDER, TokenBlock
 from vlm_rewards.models.reward_network import RewardNetwork
 from vlm_rewards.models.tokenizer import IM_START
@@ -170,11 +170,7 @@ class KVCacheSession(RewardSession):
             raise ValueError(
                 f"KVCacheSession: only full-attention models are supported, got layer types {set(layer_types)}"
             )
-        if isinstance(texts, str) or len(texts) == 0:
-            raise ValueError("open_session: texts: expected a non-empty sequence of instructions, one per stream")
-        references = [None] * len(texts) if references is None else list(references)
-        if len(references) != len(texts):
-            raise ValueError(f"open_session: {len(texts)} texts but {len(references)} references")
+        references = stream_references(texts, references)
         self.network = network.eval()
         self.spec = spec
         self._builder = network.builder

@@ -18,6 +18,7 @@ from vlm_rewards.interface import (
     RewardResult,
     RewardSession,
     RewardSpec,
+    stream_references,
     validate_clip,
 )
 from vlm_rewards.registry import register
@@ -64,9 +65,7 @@ class DistanceSession(RewardSession):
     def __init__(
         self, reward: DistanceProgress, texts: Sequence[str], references: Sequence[np.ndarray | None] | None = None
     ):
-        references = [None] * len(texts) if references is None else list(references)
-        if len(references) != len(texts):
-            raise ValueError(f"open_session: {len(texts)} texts but {len(references)} references")
+        references = stream_references(texts, references)
         self.reward = reward
         self._goals = [self._goal(i, text, reference) for i, (text, reference) in enumerate(zip(texts, references))]
         self._tracks = [_DistanceTrack() for _ in texts]

@@ -59,9 +59,10 @@ class RewardHead(nn.Module):
 
 
 def step_correlation_loss(progress: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """1 − the Pearson correlation of predicted and labelled progress changes between consecutive frames,
-    over all of the batch's frame pairs. Per-frame losses fit progress levels, which a curve that rises
-    with a frame's place in the clip half fits; this term asks for the steps, whatever their scale."""
+    """1 − the Pearson correlation of predicted and labelled progress changes between frames next to each
+    other in the clip, over all of the batch's frame pairs. Per-frame losses fit progress levels, and a
+    curve that only rises with the frame's place in the clip already fits many of them; this term asks
+    for the steps, whatever their scale."""
     pairs = mask[:, 1:] & mask[:, :-1]
     predicted = (progress[:, 1:] - progress[:, :-1])[pairs].float()
     target = (labels[:, 1:] - labels[:, :-1])[pairs].float()

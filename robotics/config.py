@@ -26,7 +26,9 @@ class EnvConfig(pydantic.BaseModel, extra="forbid"):
     marker_radius: float = pydantic.Field(0.05, gt=0, le=0.1)  # vlmr/Reach-v0: drawn radius of targets and footprint
     # vlmr/Push-v0: (low, high) distance from the named block's start to its zone; None: anywhere ≥ 0.17 away
     push_distance: tuple[float, float] | None = None
-    push_start_behind: bool = False  # vlmr/Push-v0: the effector starts behind the named block (a straight push)
+    # vlmr/Push-v0: the effector starts behind the named block, within this many degrees of the push line
+    # (30: a straight push; 180: anywhere around the block); None: anywhere
+    push_start_angle: float | None = None
     max_episode_steps: int | None = None  # None: the task's default (Reach 50, Push 100)
     # sparse reward only: −cost on every step without success. 1 gives the goal-reaching convention (−1 a
     # step until success), the urgency the dense reward (progress − 1) has; 0: 1 on success, else 0
@@ -34,8 +36,8 @@ class EnvConfig(pydantic.BaseModel, extra="forbid"):
 
     @pydantic.model_validator(mode="after")
     def _push_settings_are_for_push(self) -> EnvConfig:
-        for name in ("push_distance", "push_start_behind"):
-            if getattr(self, name) and self.id != "vlmr/Push-v0":
+        for name in ("push_distance", "push_start_angle"):
+            if getattr(self, name) is not None and self.id != "vlmr/Push-v0":
                 raise ValueError(f"{name} is a vlmr/Push-v0 setting; env.id is {self.id!r}")
         return self
 

@@ -38,7 +38,7 @@ def make_env(
         **({"table": config.table} if config.table != "plain" else {}),
         **({"marker_radius": config.marker_radius} if config.marker_radius != 0.05 else {}),
         **({"push_distance": config.push_distance} if config.push_distance else {}),
-        **({"start_behind": True} if config.push_start_behind else {}),
+        **({"start_angle": config.push_start_angle} if config.push_start_angle is not None else {}),
         **kwargs,
     )
     if reward_type == "sparse" and config.sparse_step_cost:

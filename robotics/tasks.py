@@ -411,13 +411,18 @@ class PushEnv(TabletopEnv):
     stage_budgets = (approach_share, 1 - approach_share)
     contact_distance = EE_RADIUS + BLOCK_HALF + 0.01
 
-    def __init__(self, *args, push_distance: tuple[float, float] | None = None, start_behind: bool = False, **kwargs):
+    def __init__(
+        self, *args, push_distance: tuple[float, float] | None = None, start_angle: float | None = None, **kwargs
+    ):
         """push_distance: (low, high) the named block starts this far from the named zone's centre (None:
-        anywhere at least 0.17 from every zone). start_behind: the effector starts on the far side of the
-        named block from its zone (within 30° of the push line), so a push is a straight approach."""
+        anywhere at least 0.17 from every zone). start_angle: the effector starts 3–8 cm past contact on the
+        block's far side from the zone, within this many degrees of the push line (30: a straight push; 180:
+        anywhere around the block); None: anywhere in the workspace."""
         if push_distance is not None and not 0 < push_distance[0] <= push_distance[1] < WORKSPACE:
             raise ValueError(f"push_distance {push_distance}; expected 0 < low <= high < {WORKSPACE}")
-        self.push_distance, self.start_behind = push_distance, start_behind
+        if start_angle is not None and not 0 < start_angle <= 180:
+            raise ValueError(f"start_angle {start_angle}; expected degrees in (0, 180]")
+        self.push_distance, self.start_angle = push_distance, start_angle
         super().__init__(*args, **kwargs)
 
     def _stage(self, success: bool) -> int:
@@ -464,18 +469,19 @@ class PushEnv(TabletopEnv):
                 return None
             positions[target] = block
             ee_start = _spread_positions(rng, 1, 0.12, avoid=positions)[0]
-        if self.start_behind:
+        if self.start_angle is not None:
             ee_start = self._behind(rng, positions[target], zone_positions[zone])
             if ee_start is None:
                 return None
         return Layout(colours, positions, target, zone_colours, zone_positions, zone, ee_start)
 
     def _behind(self, rng: np.random.Generator, block: np.ndarray, zone: np.ndarray) -> np.ndarray | None:
-        """An effector start 0.03–0.08 beyond contact on the block's far side from the zone, inside the walls."""
-        away = np.arctan2(*(block - zone)[::-1])
+        """An effector start 0.03–0.08 beyond contact, within `start_angle` of the line from the zone through
+        the block, inside the walls."""
+        away, spread = np.arctan2(*(block - zone)[::-1]), np.deg2rad(self.start_angle)
 
         def draw() -> np.ndarray:
-            angle = away + rng.uniform(-np.pi / 6, np.pi / 6)
+            angle = away + rng.uniform(-spread, spread)
             return block + (self.contact_distance + rng.uniform(0.03, 0.08)) * _unit(angle)
 
         return _first_fit(draw, lambda point: np.all(np.abs(point) <= WORKSPACE))

@@ -109,7 +109,7 @@ def test_short_push_starts_near_the_zone_with_the_effector_behind_the_block():
     from robotics.config import EnvConfig
     from robotics.envs import make_env
 
-    config = EnvConfig(id="vlmr/Push-v0", push_distance=(0.08, 0.15), push_start_behind=True, max_episode_steps=50)
+    config = EnvConfig(id="vlmr/Push-v0", push_distance=(0.08, 0.15), push_start_angle=30, max_episode_steps=50)
     env, rng = make_env(config), np.random.default_rng(0)
     for seed in range(200):  # enough layouts to meet zones in corners, where a short push must be drawn again
         env.reset(seed=seed)
@@ -121,8 +121,10 @@ def test_short_push_starts_near_the_zone_with_the_effector_behind_the_block():
     assert np.mean([scripted_episode(env, "expert", seed, rng).infos[-1]["is_success"] for seed in range(10)]) >= 0.9
     with pytest.raises(ValueError, match=r"push_distance \(0.2, 0.1\); expected 0 < low <= high < 0.3"):
         gym.make("vlmr/Push-v0", push_distance=(0.2, 0.1))
-    with pytest.raises(ValueError, match="push_start_behind is a vlmr/Push-v0 setting; env.id is 'vlmr/Reach-v0'"):
-        EnvConfig(push_start_behind=True)
+    with pytest.raises(ValueError, match=r"start_angle 200; expected degrees in \(0, 180\]"):
+        gym.make("vlmr/Push-v0", start_angle=200)
+    with pytest.raises(ValueError, match="push_start_angle is a vlmr/Push-v0 setting; env.id is 'vlmr/Reach-v0'"):
+        EnvConfig(push_start_angle=30)
 
 
 def test_sparse_and_dense_rewards_and_termination():

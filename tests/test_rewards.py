@@ -124,6 +124,16 @@ def test_marker_progress_session_reads_each_frame_once(monkeypatch):
     assert frames_read == [1] * len(frames)
 
 
+def test_a_refused_append_leaves_the_distance_session_as_it_was():
+    frames = marker_clip([(6, 26), (6, 21)])
+    with MarkerProgress(MARKERS).open_session(["reach the red target"] * 2) as session:
+        with pytest.raises(ValueError, match=r"frames\[1\]: expected dtype uint8"):
+            session.append([frames[:1, :16, :16], frames[:1].astype(np.float32)])
+        assert session.num_frames == [0, 0]
+        session.append([frames[:1], frames[:1]])  # stream 0's first frames are these, not the refused ones
+        assert session.num_frames == [1, 1]
+
+
 @pytest.mark.parametrize("text, count", [("reach the green target", 0), ("red or blue", 2)])
 def test_marker_progress_needs_exactly_one_named_colour(text, count):
     message = (

@@ -49,7 +49,7 @@ class DistanceProgress(BaseReward):
         for i, request in enumerate(requests):
             goal = self._goal(request.text, request.reference, f"requests[{i}].text", f"requests[{i}].reference")
             track = _DistanceTrack()
-            progress = track.extend(self._distances(request.frames, goal, f"requests[{i}].frames"))
+            progress = track.extend(self._distances(request.frames, goal, f"requests[{i}].frames"), request.frames)
             results.append(RewardResult(float(progress[-1]), progress, info={self.distance_name: track.last}))
         return results
 
@@ -94,7 +94,7 @@ class DistanceSession(RewardSession):
             track.check_shape(new, f"frames[{i}]")
             distances.append(self.reward._distances(new, goal, f"frames[{i}]"))
         # every stream's frames are read before any state changes: a refused call leaves the session as it was
-        return [track.extend(d).astype(np.float64) for track, d in zip(self._tracks, distances)]
+        return [track.extend(d, new).astype(np.float64) for track, d, new in zip(self._tracks, distances, frames)]
 
 
 class _DistanceTrack:
@@ -106,17 +106,15 @@ class _DistanceTrack:
         self.frame_shape: tuple[int, ...] | None = None
 
     def check_shape(self, frames: np.ndarray, where: str) -> None:
-        """The first frames fix the stream's frame shape; later ones must keep it."""
-        if self.frame_shape is None:
-            self.frame_shape = frames.shape[1:]
-        elif frames.shape[1:] != self.frame_shape:
+        """Later frames must keep the shape of the stream's first ones."""
+        if self.frame_shape is not None and frames.shape[1:] != self.frame_shape:
             raise ValueError(f"{where}: frames of shape {frames.shape[1:]}, the stream began with {self.frame_shape}")
 
-    def extend(self, distances: np.ndarray) -> np.ndarray:
-        """Progress of the next frames, given their distances."""
+    def extend(self, distances: np.ndarray, frames: np.ndarray) -> np.ndarray:
+        """Progress of the next `frames`, given their distances."""
         distances = _carry_forward(np.concatenate([[self.last], distances]))[1:]
         if self.num_frames == 0:
-            self.start = distances[0]
+            self.start, self.frame_shape = distances[0], frames.shape[1:]
         self.num_frames += len(distances)
         self.last = float(distances[-1])
         if np.isnan(self.start):  # a marker missing from the first frame: no progress can be read
@@ -267,7 +265,9 @@ class MarkerProgress(DistanceProgress):
         border = self.params.border
         pixels = frame[border : frame.shape[0] - border, border : frame.shape[1] - border].astype(np.float32)
         distance = np.linalg.norm(pixels[:, :, None, :] - self.shades, axis=-1)
-        nearest = np.where(distance.min(axis=-1) <= self.params.tolerance, self.shade_marker[distance.argmin(-1)], -1)
+        shade = distance.argmin(-1)
+        within = np.take_along_axis(distance, shade[..., None], axis=-1)[..., 0] <= self.params.tolerance
+        nearest = np.where(within, self.shade_marker[shade], -1)
         centroids = []
         for marker in markers:
             rows, cols = np.nonzero(nearest == marker)

@@ -241,6 +241,16 @@ def test_composite_of_causal_parts_streams_each_part(expert_requests):
     np.testing.assert_allclose(streamed, 1.5 * composite.rewards[0].score([request])[0].progress)
 
 
+def test_a_composite_whose_later_part_refuses_to_open_closes_the_earlier_sessions(monkeypatch):
+    closed = []
+    monkeypatch.setattr(DistanceSession, "close", lambda session: closed.append(session))
+    composite = CompositeReward([MarkerProgress(MARKERS), GoalPixelProgress()], [1.0, 1.0])
+    monkeypatch.setattr(composite.rewards[1], "open_session", lambda texts, references=None: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        composite.open_session(["reach the red target"])
+    assert len(closed) == 1 and closed[0].reward is composite.rewards[0]
+
+
 def test_composite_propagates_a_component_error_by_default():
     parts = [FunctionReward(failing, name="judge"), FunctionReward(mean_pixel)]
     request = RewardRequest(np.full((1, 2, 2, 3), 4, np.uint8), "t")

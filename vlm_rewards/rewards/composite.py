@@ -108,7 +108,15 @@ class CompositeReward(BaseReward):
         frame; otherwise each append rescores the prefix."""
         if not self.spec.causal:
             return super().open_session(texts, references)
-        return CompositeSession(self, [reward.open_session(texts, references) for reward in self.rewards])
+        sessions: list[RewardSession] = []
+        try:
+            for reward in self.rewards:
+                sessions.append(reward.open_session(texts, references))
+        except Exception:
+            for session in sessions:  # a later part refused: release what the earlier ones hold
+                session.close()
+            raise
+        return CompositeSession(self, sessions)
 
     def _score(self, requests: list[RewardRequest]) -> list[RewardResult]:
         part_results = [reward.score(requests) for reward in self.rewards]

@@ -83,3 +83,20 @@ def test_a_single_task_dataset_has_no_instruction_metrics(tmp_path):
     assert metrics["voc_expert"] == pytest.approx(1.0)
     assert np.isnan(metrics["mismatch_accuracy"]) and np.isnan(metrics["reward_mismatched_instruction"])
     assert np.isnan(metrics["instruction_sensitivity"])
+
+
+def test_a_dataset_without_experts_has_no_expert_metrics(tmp_path):
+    """Random-action episodes only: the expert and reversed VOC are NaN, the label metrics are still scored."""
+    rng = np.random.default_rng(0)
+    records = [
+        EpisodeRecord(i, "reach the red target", rng.integers(0, 256, (6, 28, 28, 3), dtype=np.uint8),
+                      rng.uniform(0, 1, 6).astype(np.float32), False, "random")
+        for i in range(3)
+    ]  # fmt: skip
+    write_episodes(tmp_path / "episodes", records)
+    reward = {"kind": "function", "function": "tests.test_evaluate:clock", "dense": True}
+    metrics = run_eval(EvalRMConfig(reward=reward, episodes=tmp_path / "episodes", output_dir=tmp_path / "eval"))
+    assert np.isnan(metrics["voc_expert"]) and np.isnan(metrics["voc_reversed"])
+    assert np.isnan(metrics["pixel_sensitivity"])
+    assert metrics["voc_random"] == pytest.approx(1.0) and np.isfinite(metrics["step_correlation"])
+    assert metrics["num_expert_episodes"] == 0

@@ -132,8 +132,8 @@ def evaluate_progress(
     final_rewards = np.array([r.reward for r in results], dtype=np.float64)
     scored_episodes = np.isfinite(final_rewards)
     metrics = {
-        "voc_expert": mean_voc([results[i].progress for i in experts]),
-        "voc_reversed": mean_voc([result.progress for result in reversed_results]),
+        "voc_expert": mean_voc([results[i].progress for i in experts]) if experts else float("nan"),
+        "voc_reversed": mean_voc([result.progress for result in reversed_results]) if experts else float("nan"),
         "voc_random": mean_voc([results[i].progress for i in randoms]) if randoms else float("nan"),
         "frame_pair_accuracy": frame_pair_accuracy([r.progress for r in results], [rec.progress for rec in records]),
         "progress_mae": float(np.nanmean([progress_mae(r.progress, rec.progress) for r, rec in zip(results, records)])),

@@ -24,6 +24,9 @@ class EnvConfig(pydantic.BaseModel, extra="forbid"):
     # vlmr/* tasks: "gradient" shades the table by position (a visual cue for rotary-only vision towers)
     table: Literal["plain", "gradient"] = "plain"
     marker_radius: float = pydantic.Field(0.05, gt=0, le=0.1)  # vlmr/Reach-v0: drawn radius of targets and footprint
+    # vlmr/* tasks: False renders without specular highlights. With them, the camera straight above sees every
+    # flat marker washed pale (red as pink, the effector's dark footprint as grey); without, colours are saturated
+    highlights: bool = True
     # vlmr/Push-v0: (low, high) distance from the named block's start to its zone; None: anywhere ≥ 0.17 away
     push_distance: tuple[float, float] | None = None
     # vlmr/Push-v0: the effector starts behind the named block, within this many degrees of the push line

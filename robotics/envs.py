@@ -37,6 +37,7 @@ def make_env(
         num_distractors=config.num_distractors,
         **({"table": config.table} if config.table != "plain" else {}),
         **({"marker_radius": config.marker_radius} if config.marker_radius != 0.05 else {}),
+        **({"highlights": False} if not config.highlights else {}),
         **({"push_distance": config.push_distance} if config.push_distance else {}),
         **({"start_angle": config.push_start_angle} if config.push_start_angle is not None else {}),
         **kwargs,

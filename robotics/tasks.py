@@ -172,6 +172,7 @@ class TabletopEnv(gym.Env):
         num_distractors: int = 2,
         table: str = "plain",
         marker_radius: float = MARKER_RADIUS,
+        highlights: bool = True,
     ):
         if render_mode not in (None, "rgb_array"):
             raise ValueError(f"render_mode {render_mode!r}; expected None or 'rgb_array'")
@@ -183,6 +184,9 @@ class TabletopEnv(gym.Env):
         self.reward_type, self.terminate_on_success = reward_type, terminate_on_success
         self.num_distractors, self.table, self.marker_radius = num_distractors, table, marker_radius
         self.model = self._build_model()
+        if not highlights:
+            self.model.light_specular[:] = 0.0
+            self.model.vis.headlight.specular[:] = 0.0
         self.data = mujoco.MjData(self.model)
         self._renderer: mujoco.Renderer | None = None
         self.action_space = gym.spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)

@@ -57,6 +57,24 @@ def test_gradient_table_shades_by_position_and_changes_nothing_else(env_id):
 
 
 @pytest.mark.parametrize("env_id", TASKS)
+def test_without_highlights_the_colours_are_saturated_and_nothing_else_changes(env_id):
+    from robotics.config import EnvConfig
+    from robotics.envs import make_env
+
+    lit = make_env(EnvConfig(id=env_id, table="gradient"))
+    matte = make_env(EnvConfig(id=env_id, table="gradient", highlights=False))
+    obs, info = lit.reset(seed=5)
+    obs_matte, info_matte = matte.reset(seed=5)
+    assert np.array_equal(obs, obs_matte) and info["instruction"] == info_matte["instruction"]
+    lit_frame, matte_frame = info["frames"]["top"].astype(int), info_matte["frames"]["top"].astype(int)
+    changed = np.abs(lit_frame - matte_frame).sum(-1) > 30  # the markers, blocks and effector, not the table
+    assert 0 < changed.mean() < 0.2 and np.array_equal(lit_frame[3, 3], matte_frame[3, 3])
+    saturation = [np.percentile(frame.max(-1) - frame.min(-1), 99) for frame in (lit_frame, matte_frame)]
+    assert saturation[1] > saturation[0] + 30  # the most coloured pixels: washed pale with highlights
+    assert matte_frame[changed].sum(-1).mean() < lit_frame[changed].sum(-1).mean()  # the footprint dark, not grey
+
+
+@pytest.mark.parametrize("env_id", TASKS)
 def test_seeded_resets_repeat_and_differ(env_id):
     env = gym.make(env_id)
     first, info = env.reset(seed=7)

@@ -38,10 +38,14 @@ class EnvConfig(pydantic.BaseModel, extra="forbid"):
     sparse_step_cost: float = pydantic.Field(0.0, ge=0)
 
     @pydantic.model_validator(mode="after")
-    def _push_settings_are_for_push(self) -> EnvConfig:
+    def _task_settings_are_for_their_tasks(self) -> EnvConfig:
         for name in ("push_distance", "push_start_angle"):
             if getattr(self, name) is not None and self.id != "vlmr/Push-v0":
                 raise ValueError(f"{name} is a vlmr/Push-v0 setting; env.id is {self.id!r}")
+        looks = {"table": "plain", "marker_radius": 0.05, "highlights": True}
+        for name, default in looks.items():
+            if getattr(self, name) != default and not self.id.startswith("vlmr/"):
+                raise ValueError(f"{name} is a setting of the vlmr/* tasks; env.id is {self.id!r}")
         return self
 
 

@@ -72,6 +72,8 @@ def test_without_highlights_the_colours_are_saturated_and_nothing_else_changes(e
     saturation = [np.percentile(frame.max(-1) - frame.min(-1), 99) for frame in (lit_frame, matte_frame)]
     assert saturation[1] > saturation[0] + 30  # the most coloured pixels: washed pale with highlights
     assert matte_frame[changed].sum(-1).mean() < lit_frame[changed].sum(-1).mean()  # the footprint dark, not grey
+    with pytest.raises(ValueError, match=r"highlights is a setting of the vlmr/\* tasks; env.id is 'metaworld/"):
+        EnvConfig(id="metaworld/reach-v3", highlights=False)
 
 
 @pytest.mark.parametrize("env_id", TASKS)

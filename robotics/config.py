@@ -42,9 +42,8 @@ class EnvConfig(pydantic.BaseModel, extra="forbid"):
         for name in ("push_distance", "push_start_angle"):
             if getattr(self, name) is not None and self.id != "vlmr/Push-v0":
                 raise ValueError(f"{name} is a vlmr/Push-v0 setting; env.id is {self.id!r}")
-        looks = {"table": "plain", "marker_radius": 0.05, "highlights": True}
-        for name, default in looks.items():
-            if getattr(self, name) != default and not self.id.startswith("vlmr/"):
+        for name in ("table", "marker_radius", "highlights"):
+            if getattr(self, name) != type(self).model_fields[name].default and not self.id.startswith("vlmr/"):
                 raise ValueError(f"{name} is a setting of the vlmr/* tasks; env.id is {self.id!r}")
         return self
 

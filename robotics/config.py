@@ -27,6 +27,8 @@ class EnvConfig(pydantic.BaseModel, extra="forbid"):
     # vlmr/* tasks: False renders without specular highlights. With them, the camera straight above sees every
     # flat marker washed pale (red as pink, the effector's dark footprint as grey); without, colours are saturated
     highlights: bool = True
+    # vlmr/* tasks: the colours objects are drawn from (None: all seven of robotics.tasks.COLOURS)
+    palette: list[str] | None = None
     # vlmr/Push-v0: (low, high) distance from the named block's start to its zone; None: anywhere ≥ 0.17 away
     push_distance: tuple[float, float] | None = None
     # vlmr/Push-v0: the effector starts behind the named block, within this many degrees of the push line
@@ -42,7 +44,7 @@ class EnvConfig(pydantic.BaseModel, extra="forbid"):
         for name in ("push_distance", "push_start_angle"):
             if getattr(self, name) is not None and self.id != "vlmr/Push-v0":
                 raise ValueError(f"{name} is a vlmr/Push-v0 setting; env.id is {self.id!r}")
-        for name in ("table", "marker_radius", "highlights"):
+        for name in ("table", "marker_radius", "highlights", "palette"):
             if getattr(self, name) != type(self).model_fields[name].default and not self.id.startswith("vlmr/"):
                 raise ValueError(f"{name} is a setting of the vlmr/* tasks; env.id is {self.id!r}")
         return self

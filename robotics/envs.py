@@ -38,6 +38,7 @@ def make_env(
         **({"table": config.table} if config.table != "plain" else {}),
         **({"marker_radius": config.marker_radius} if config.marker_radius != 0.05 else {}),
         **({"highlights": False} if not config.highlights else {}),
+        **({"palette": tuple(config.palette)} if config.palette else {}),
         **({"push_distance": config.push_distance} if config.push_distance else {}),
         **({"start_angle": config.push_start_angle} if config.push_start_angle is not None else {}),
         **kwargs,

@@ -35,8 +35,13 @@ from vlm_rewards.training.config import TrainRMConfig
 
 logger = logging.getLogger("vlm_rewards.robotics.pipeline")
 Condition = Literal["sparse", "dense", "learned", "goal_image", "scripted"]
-# the shipped hand-written frame-reading rewards of the `scripted` condition, per task
-SCRIPTED_REWARDS = {"vlmr/Reach-v0": "reach_marker_progress", "vlmr/Push-v0": "push_marker_progress"}
+# the shipped hand-written frame-reading rewards of the `scripted` condition, per (task, env.highlights):
+# their palettes hold the colours as the camera renders them, which the highlights change
+SCRIPTED_REWARDS = {
+    ("vlmr/Reach-v0", True): "reach_marker_progress",
+    ("vlmr/Reach-v0", False): "reach_marker_progress_matte",
+    ("vlmr/Push-v0", True): "push_marker_progress",
+}
 
 
 def _default_env() -> EnvConfig:
@@ -104,16 +109,18 @@ class PipelineConfig(JobConfig):
 
     @pydantic.model_validator(mode="after")
     def _scripted_reward_for_the_task(self) -> PipelineConfig:
-        if "scripted" in self.conditions and self.scripted_reward is None and self.env.id not in SCRIPTED_REWARDS:
+        scene = (self.env.id, self.env.highlights)
+        if "scripted" in self.conditions and self.scripted_reward is None and scene not in SCRIPTED_REWARDS:
             raise ValueError(
                 f"conditions has 'scripted' and no scripted_reward; there is no shipped one for env.id "
-                f"{self.env.id!r} (only for {sorted(SCRIPTED_REWARDS)}): set scripted_reward or drop 'scripted'"
+                f"{self.env.id!r} with env.highlights {self.env.highlights} (only for (id, highlights) "
+                f"{sorted(SCRIPTED_REWARDS)}): set scripted_reward or drop 'scripted'"
             )
         return self
 
     @property
     def scripted_reward_config(self) -> str | None:
-        return self.scripted_reward or SCRIPTED_REWARDS.get(self.env.id)
+        return self.scripted_reward or SCRIPTED_REWARDS.get((self.env.id, self.env.highlights))
 
 
 class Pipeline:

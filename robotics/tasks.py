@@ -17,7 +17,7 @@ and in `info`: `is_success` (sparse), `progress` (task-geometric progress in [0,
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -173,7 +173,9 @@ class TabletopEnv(gym.Env):
         table: str = "plain",
         marker_radius: float = MARKER_RADIUS,
         highlights: bool = True,
+        palette: Sequence[str] | None = None,
     ):
+        """palette: the colours the task draws its objects' colours from (None: all of `COLOURS`)."""
         if render_mode not in (None, "rgb_array"):
             raise ValueError(f"render_mode {render_mode!r}; expected None or 'rgb_array'")
         if camera not in CAMERAS:
@@ -183,6 +185,7 @@ class TabletopEnv(gym.Env):
         self.render_mode, self.width, self.height, self.camera = render_mode, width, height, camera
         self.reward_type, self.terminate_on_success = reward_type, terminate_on_success
         self.num_distractors, self.table, self.marker_radius = num_distractors, table, marker_radius
+        self.palette = self._checked_palette(palette)
         self.model = self._build_model()
         if not highlights:
             self.model.light_specular[:] = 0.0
@@ -193,7 +196,24 @@ class TabletopEnv(gym.Env):
         size = len(self._observation())
         self.observation_space = gym.spaces.Box(-np.inf, np.inf, shape=(size,), dtype=np.float32)
 
+    def _checked_palette(self, palette: Sequence[str] | None) -> tuple[str, ...]:
+        palette = tuple(COLOURS if palette is None else palette)
+        unknown = [colour for colour in palette if colour not in COLOURS]
+        if unknown or len(set(palette)) != len(palette):
+            raise ValueError(f"palette {list(palette)}; expected distinct colours from {list(COLOURS)}")
+        if len(palette) < self.num_colours:
+            raise ValueError(
+                f"palette {list(palette)} has {len(palette)} colours; this scene colours {self.num_colours} "
+                f"objects (num_distractors={self.num_distractors})"
+            )
+        return palette
+
     # --------------------------------------------------------------- task-specific hooks
+
+    @property
+    def num_colours(self) -> int:
+        """How many distinct colours one layout uses."""
+        raise NotImplementedError
 
     def _build_model(self) -> mujoco.MjModel:
         raise NotImplementedError
@@ -344,6 +364,10 @@ class ReachEnv(TabletopEnv):
     def num_targets(self) -> int:
         return 1 + self.num_distractors
 
+    @property
+    def num_colours(self) -> int:
+        return self.num_targets
+
     def _build_model(self) -> mujoco.MjModel:
         return build_model(
             [(f"target{i}", "disc") for i in range(self.num_targets)],
@@ -353,7 +377,7 @@ class ReachEnv(TabletopEnv):
         )
 
     def _sample_layout(self, rng: np.random.Generator) -> Layout:
-        names = list(COLOURS)
+        names = self.palette
         colours = [names[i] for i in rng.choice(len(names), self.num_targets, replace=False)]
         ee_start = rng.uniform(-WORKSPACE, WORKSPACE, size=2)
         positions = _spread_positions(rng, self.num_targets, 0.15, avoid=[ee_start])
@@ -440,6 +464,10 @@ class PushEnv(TabletopEnv):
     def num_zones(self) -> int:
         return 1 + self.num_distractors // 2
 
+    @property
+    def num_colours(self) -> int:
+        return self.num_blocks + self.num_zones
+
     def _build_model(self) -> mujoco.MjModel:
         markers = [(f"zone{i}", "square") for i in range(self.num_zones)]
         return build_model(markers, blocks=[f"block{i}" for i in range(self.num_blocks)], table=self.table)
@@ -451,7 +479,7 @@ class PushEnv(TabletopEnv):
         return layout
 
     def _draw_layout(self, rng: np.random.Generator) -> Layout | None:
-        names = list(COLOURS)
+        names = self.palette
         order = rng.permutation(len(names))
         colours = [names[i] for i in order[: self.num_blocks]]
         zone_colours = [names[i] for i in order[self.num_blocks : self.num_blocks + self.num_zones]]

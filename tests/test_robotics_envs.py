@@ -77,6 +77,27 @@ def test_without_highlights_the_colours_are_saturated_and_nothing_else_changes(e
 
 
 @pytest.mark.parametrize("env_id", TASKS)
+def test_a_palette_limits_the_scene_colours_and_is_checked(env_id):
+    from robotics.config import EnvConfig
+    from robotics.envs import make_env
+
+    palette = ["red", "green", "blue", "cyan"]
+    env = make_env(EnvConfig(id=env_id, palette=palette))
+    seen = set()
+    for seed in range(12):
+        env.reset(seed=seed)
+        layout = env.unwrapped.layout
+        seen.update(layout.colours + layout.zone_colours)
+    assert seen == set(palette)
+    with pytest.raises(ValueError, match=r"palette \['red', 'green'\] has 2 colours; this scene colours [34] objects"):
+        make_env(EnvConfig(id=env_id, palette=["red", "green"]))
+    with pytest.raises(ValueError, match=r"palette \['red', 'pink', 'blue'\]; expected distinct colours from"):
+        make_env(EnvConfig(id=env_id, palette=["red", "pink", "blue"]))
+    with pytest.raises(ValueError, match=r"palette is a setting of the vlmr/\* tasks; env.id is 'metaworld/"):
+        EnvConfig(id="metaworld/reach-v3", palette=palette)
+
+
+@pytest.mark.parametrize("env_id", TASKS)
 def test_seeded_resets_repeat_and_differ(env_id):
     env = gym.make(env_id)
     first, info = env.reset(seed=7)
@@ -203,10 +224,14 @@ def test_camera_frames_works_with_any_rgb_env():
 
 @pytest.mark.parametrize("table", ["plain", "gradient"])
 @pytest.mark.parametrize(
-    "env_id, config, expert_floor",
-    [("vlmr/Reach-v0", "reach_marker_progress", 0.7), ("vlmr/Push-v0", "push_marker_progress", 0.5)],
+    "env_id, highlights, config, expert_floor",
+    [
+        ("vlmr/Reach-v0", True, "reach_marker_progress", 0.7),
+        ("vlmr/Reach-v0", False, "reach_marker_progress_matte", 0.7),
+        ("vlmr/Push-v0", True, "push_marker_progress", 0.5),
+    ],
 )
-def test_the_scripted_marker_reward_reads_the_task_frames(table, env_id, config, expert_floor):
+def test_the_scripted_marker_reward_reads_the_task_frames(table, env_id, highlights, config, expert_floor):
     """The scripted rewards (the frame-reading upper bound of the RL experiments) follow the env's geometric
     progress from the top camera; the wrong object earns far less. On Reach it earns what it earns in the env;
     Push's success pays less than 1 (a block on its zone hides part of it), hence its lower expert floor."""
@@ -214,7 +239,7 @@ def test_the_scripted_marker_reward_reads_the_task_frames(table, env_id, config,
     from vlm_rewards.registry import build_reward
 
     reward = build_reward(config)
-    env = gym.make(env_id, render_mode="rgb_array", table=table, max_episode_steps=60)
+    env = gym.make(env_id, render_mode="rgb_array", table=table, highlights=highlights, max_episode_steps=60)
     rng = np.random.default_rng(0)
     finals = {"expert": [], "wrong_object": []}
     for seed in range(6):

@@ -56,7 +56,10 @@ def test_pipeline_runs_every_stage_then_resumes_without_redoing_them(tmp_path):
 
 def test_the_scripted_condition_takes_the_task_shipped_reward():
     assert PipelineConfig().scripted_reward_config == "reach_marker_progress"
+    assert PipelineConfig(env={"highlights": False}).scripted_reward_config == "reach_marker_progress_matte"
     assert PipelineConfig(env={"id": "vlmr/Push-v0"}).scripted_reward_config == "push_marker_progress"
+    with pytest.raises(ValueError, match="no shipped one for env.id 'vlmr/Push-v0' with env.highlights False"):
+        PipelineConfig(env={"id": "vlmr/Push-v0", "highlights": False})
     assert PipelineConfig(scripted_reward="mine.yaml").scripted_reward_config == "mine.yaml"
     with pytest.raises(ValueError, match="no shipped one for env.id 'metaworld/reach-v3'"):
         PipelineConfig(env={"id": "metaworld/reach-v3"})

@@ -9,6 +9,9 @@ import pydantic
 from robotics.reward_wrapper import RewardWrapperConfig
 from vlm_rewards.config import JobConfig
 
+# EnvConfig fields that only the vlmr/* tasks take, passed to them as keyword arguments of the same name
+VLMR_LOOKS = ("table", "marker_radius", "highlights", "palette")
+
 # a Meta-World v3 task (robotics/metaworld.py; the metaworld extra, in its own venv)
 MetaWorldId = Annotated[str, pydantic.StringConstraints(pattern=r"^metaworld/[a-z-]+-v\d+$")]
 
@@ -44,7 +47,7 @@ class EnvConfig(pydantic.BaseModel, extra="forbid"):
         for name in ("push_distance", "push_start_angle"):
             if getattr(self, name) is not None and self.id != "vlmr/Push-v0":
                 raise ValueError(f"{name} is a vlmr/Push-v0 setting; env.id is {self.id!r}")
-        for name in ("table", "marker_radius", "highlights", "palette"):
+        for name in VLMR_LOOKS:
             if getattr(self, name) != type(self).model_fields[name].default and not self.id.startswith("vlmr/"):
                 raise ValueError(f"{name} is a setting of the vlmr/* tasks; env.id is {self.id!r}")
         return self

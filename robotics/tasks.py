@@ -198,8 +198,7 @@ class TabletopEnv(gym.Env):
 
     def _checked_palette(self, palette: Sequence[str] | None) -> tuple[str, ...]:
         palette = tuple(COLOURS if palette is None else palette)
-        unknown = [colour for colour in palette if colour not in COLOURS]
-        if unknown or len(set(palette)) != len(palette):
+        if not set(palette) <= COLOURS.keys() or len(set(palette)) != len(palette):
             raise ValueError(f"palette {list(palette)}; expected distinct colours from {list(COLOURS)}")
         if len(palette) < self.num_colours:
             raise ValueError(

@@ -197,6 +197,7 @@ class Pipeline:
                 reward=str(reward_yaml),
                 episodes=self.root / "data" / f"eval_{factor}x",
                 output_dir=self.root / f"eval_rm_{factor}x",
+                clip_frames=self.config.progress_rm.data.clip_frames,
             )
             metrics[f"{factor}x"] = run_eval(eval_config, self.track, reward=reward)
         return metrics
@@ -397,12 +398,14 @@ def write_report(
         "voc_reversed",
         "voc_random",
         "step_correlation",
+        "step_correlation_at_clip_frames",
         "pixel_sensitivity",
         "mismatch_accuracy",
         "instruction_sensitivity",
         "success_auc",
         *sorted(k for k in next(iter(rm_metrics.values())) if k.startswith("reward_policy_")),
     ]
+    keys = [key for key in keys if any(key in metrics for metrics in rm_metrics.values())]
     lines += [
         "| metric | " + " | ".join(f"{k} length" for k in rm_metrics) + " |",
         "| --- | " + " | ".join("---" for _ in rm_metrics) + " |",
@@ -414,7 +417,10 @@ def write_report(
         "beats another's (mismatch_accuracy near 1; instruction_sensitivity near 0 means it ignores the "
         "instruction); VOC reversed close to VOC expert, or pixel_sensitivity near 0, means it scores by "
         "frame position, not by what it sees. step_correlation is how well the RM's frame-to-frame changes "
-        "follow the true ones beyond what frame position predicts: what potential shaping pays each step.",
+        "follow the true ones beyond what frame position predicts: what potential shaping pays each step. "
+        "step_correlation_at_clip_frames (with progress_rm.data.clip_frames set) is the same on episodes "
+        "subsampled to the training clip length: far above step_correlation, the RM holds only at that length, "
+        "and RL streams it whole episodes.",
     ]
     lines += [
         "",

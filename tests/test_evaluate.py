@@ -22,6 +22,15 @@ def instructed_clock(request: RewardRequest) -> RewardResult:
     return RewardResult(reward=float(progress[-1]), progress=progress)
 
 
+def short_sighted(request: RewardRequest) -> RewardResult:
+    """Reads progress off the frames' brightness in clips of up to 8 frames, and is noisy in longer ones: an RM
+    that holds only at its training clip length."""
+    progress = request.frames.mean(axis=(1, 2, 3)) / 255
+    if request.num_frames > 8:
+        progress = progress + np.random.default_rng(int(request.frames.sum())).normal(0, 0.3, request.num_frames)
+    return RewardResult(reward=float(progress[-1]), progress=progress)
+
+
 def small_eval(tmp_path, reward, **overrides) -> EvalRMConfig:
     synthetic = SyntheticData(num_episodes=24, num_pairs=16, num_frames=8, seed=7)
     return EvalRMConfig(reward=reward, synthetic=synthetic, output_dir=tmp_path, **overrides)
@@ -100,3 +109,19 @@ def test_a_dataset_without_experts_has_no_expert_metrics(tmp_path):
     assert np.isnan(metrics["pixel_sensitivity"])
     assert metrics["voc_random"] == pytest.approx(1.0) and np.isfinite(metrics["step_correlation"])
     assert metrics["num_expert_episodes"] == 0
+
+
+def test_step_correlation_at_clip_frames_shows_an_rm_that_holds_only_at_its_training_length(tmp_path):
+    rng = np.random.default_rng(0)
+    records = []
+    for i in range(12):
+        label = np.clip(np.cumsum(rng.uniform(-0.05, 0.15, 24)), 0, 1).astype(np.float32)
+        frames = np.broadcast_to((label * 255).astype(np.uint8)[:, None, None, None], (24, 8, 8, 3)).copy()
+        records.append(EpisodeRecord(i, "reach the red target", frames, label, True, "expert"))
+    write_episodes(tmp_path / "episodes", records)
+    reward = {"kind": "function", "function": "tests.test_evaluate:short_sighted", "dense": True}
+    config = EvalRMConfig(reward=reward, episodes=tmp_path / "episodes", output_dir=tmp_path / "eval")
+    assert "step_correlation_at_clip_frames" not in run_eval(config)
+    metrics = run_eval(config.model_copy(update={"clip_frames": 8}))
+    assert metrics["step_correlation_at_clip_frames"] > 0.95
+    assert metrics["step_correlation"] < 0.5

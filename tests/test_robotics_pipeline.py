@@ -21,6 +21,7 @@ REDUCED = [
     "preference_stage.optim.steps=2", "preference_stage.data.synthetic_train={num_episodes: 16, num_pairs: 16}",
     "preference_stage.data.synthetic_eval={num_episodes: 8, num_pairs: 8}",
     "progress_rm.optim.steps=3", "progress_rm.eval_every=3", "progress_rm.save_every=3",
+    "progress_rm.data.clip_frames=4",
     "rl.total_timesteps=80", "rl.eval.every=40", "rl.eval.episodes=2", "rl.sac.learning_starts=20",
     "conditions=[sparse, learned, goal_image, scripted]", "env.sparse_step_cost=1",
 ]  # fmt: skip
@@ -36,7 +37,8 @@ def test_pipeline_runs_every_stage_then_resumes_without_redoing_them(tmp_path):
     assert (scripted["reward"]["source"], scripted["reward"]["config"]) == ("learned", "reach_marker_progress")
     assert scripted["env"]["sparse_step_cost"] == 1.0
     rm_1x, rm_2x = summary["reward_model"]["1x"], summary["reward_model"]["2x"]
-    assert {"voc_expert", "reward_policy_wrong_object", "mismatch_accuracy"} <= set(rm_1x)
+    expected = {"voc_expert", "reward_policy_wrong_object", "mismatch_accuracy", "step_correlation_at_clip_frames"}
+    assert expected <= set(rm_1x)
     assert rm_1x["version"] == rm_2x["version"]
     episodes = {name: json.loads((out / "data" / name / "meta.json").read_text())["num_episodes"]
                 for name in ("train", "eval_1x", "eval_2x")}  # fmt: skip
@@ -46,6 +48,7 @@ def test_pipeline_runs_every_stage_then_resumes_without_redoing_them(tmp_path):
     for name in ("report.md", "success_curves.png", "reward_fidelity.png", "rm/reward.yaml"):
         assert (out / name).is_file(), name
     assert "| learned | 1 |" in (out / "report.md").read_text()
+    assert "| step_correlation_at_clip_frames |" in (out / "report.md").read_text()
 
     stamps = {path: path.stat().st_mtime_ns for path in (out / "data" / "train" / "meta.json",
                                                           out / "rm" / "model" / "reward_model.json")}  # fmt: skip

@@ -35,7 +35,7 @@ from vlm_rewards.evaluation.plots import plot_progress_curves
 from vlm_rewards.interface import RewardModel, RewardRequest, RewardResult
 from vlm_rewards.io import write_json
 from vlm_rewards.registry import build_reward
-from vlm_rewards.subsample import score_episodes
+from vlm_rewards.subsample import score_episodes, subsample_indices
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +53,8 @@ class EvalRMConfig(JobConfig):
     batch_size: int = pydantic.Field(16, ge=1)
     max_curves: int = pydantic.Field(12, ge=1)
     seed: int = 0  # draws the mismatched instructions
+    # the clip length the reward trained on (train-rm's data.clip_frames): adds step_correlation_at_clip_frames
+    clip_frames: int | None = pydantic.Field(None, ge=2)
 
     @pydantic.field_validator("output_dir")
     @classmethod
@@ -98,10 +100,14 @@ def evaluate_progress(
     batch_size: int,
     rng: np.random.Generator,
     track: Track | None = None,
+    clip_frames: int | None = None,
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """Progress metrics on an episode dataset, and per-episode curves for plotting.
 
     Unscored (NaN) frames and episodes are left out of each metric and counted in the metrics.
+    clip_frames: the clip length the reward trained on; adds `step_correlation_at_clip_frames`, the same
+    metric on the episodes subsampled to that length. Far above `step_correlation`, the reward holds
+    only at its training length, and a consumer that streams whole episodes gets the worse figure.
     """
     if not reward.spec.dense:
         raise ValueError(f"{reward.spec.name} returns no per-frame progress; progress metrics need it")
@@ -163,6 +169,10 @@ def evaluate_progress(
         "num_unscored_frames": int(sum(np.isnan(r.progress).sum() for r in results)),
         "num_unscored_episodes": int((~scored_episodes).sum()),
     }
+    if clip_frames is not None:
+        metrics["step_correlation_at_clip_frames"] = _step_correlation_at_length(
+            reward, dataset, records, clip_frames, batch_size, track
+        )
     if metrics["num_unscored_frames"]:
         logger.warning(
             "%s left %d frame(s) in %d episode(s) unscored; metrics leave them out",
@@ -212,7 +222,9 @@ def run_eval(config: EvalRMConfig, track: Track | None = None, reward: RewardMod
         episodes = open_episodes(
             config.episodes, config.synthetic, config.output_dir / "data" / "episodes", "shapes-heldout", track
         )
-        progress_metrics, curves = evaluate_progress(reward, episodes, config.batch_size, rng, track)
+        progress_metrics, curves = evaluate_progress(
+            reward, episodes, config.batch_size, rng, track, config.clip_frames
+        )
         metrics |= progress_metrics
         experts_first = sorted(curves, key=lambda curve: not curve["title"].startswith("expert"))
         plot_progress_curves(config.output_dir / "progress_curves.png", experts_first, config.max_curves)
@@ -231,6 +243,23 @@ def run_eval(config: EvalRMConfig, track: Track | None = None, reward: RewardMod
     )
     logger.info("wrote %s", config.output_dir / "metrics.json")
     return metrics
+
+
+def _step_correlation_at_length(
+    reward: RewardModel,
+    dataset: EpisodeDataset,
+    records: list[EpisodeRecord],
+    num_frames: int,
+    batch_size: int,
+    track: Track | None,
+) -> float:
+    """`step_correlation` of the episodes subsampled to `num_frames` evenly spaced frames."""
+    kept = [subsample_indices(record.num_frames, num_frames) for record in records]
+    requests = [dataset.to_request(record, indices) for record, indices in zip(records, kept)]
+    results = _with_progress(
+        score_in_batches(reward, requests, batch_size, f"{num_frames}-frame clips", track), requests
+    )
+    return step_correlation([r.progress for r in results], [rec.progress[i] for rec, i in zip(records, kept)])
 
 
 def _with_progress(results: list[RewardResult], requests: Sequence[RewardRequest]) -> list[RewardResult]:

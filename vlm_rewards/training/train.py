@@ -168,7 +168,11 @@ def _evaluate(accelerator, model, eval_data, config: TrainRMConfig, history, ste
     reward = TrainedRewardModel(unwrapped, version=f"step-{step}", name=f"{unwrapped.config.task}-rm")
     if unwrapped.config.task == "progress":
         metrics, curves = evaluate_progress(
-            reward, eval_data, config.optim.batch_size, np.random.default_rng(config.seed)
+            reward,
+            eval_data,
+            config.optim.batch_size,
+            np.random.default_rng(config.seed),
+            clip_frames=config.data.clip_frames,
         )
     else:
         metrics, curves = evaluate_pair_dataset(reward, eval_data, config.optim.batch_size), []

@@ -49,7 +49,8 @@ class DistanceProgress(BaseReward):
         for i, request in enumerate(requests):
             goal = self._goal(request.text, request.reference, f"requests[{i}].text", f"requests[{i}].reference")
             track = _DistanceTrack()
-            progress = track.extend(self._distances(request.frames, goal, f"requests[{i}].frames"), request.frames)
+            distances = self._distances(request.frames, goal, f"requests[{i}].frames")
+            progress = track.extend(distances, request.frames.shape[1:])
             results.append(RewardResult(float(progress[-1]), progress, info={self.distance_name: track.last}))
         return results
 
@@ -94,7 +95,9 @@ class DistanceSession(RewardSession):
             track.check_shape(new, f"frames[{i}]")
             distances.append(self.reward._distances(new, goal, f"frames[{i}]"))
         # every stream's frames are read before any state changes: a refused call leaves the session as it was
-        return [track.extend(d, new).astype(np.float64) for track, d, new in zip(self._tracks, distances, frames)]
+        return [
+            track.extend(d, new.shape[1:]).astype(np.float64) for track, d, new in zip(self._tracks, distances, frames)
+        ]
 
 
 class _DistanceTrack:
@@ -110,11 +113,11 @@ class _DistanceTrack:
         if self.frame_shape is not None and frames.shape[1:] != self.frame_shape:
             raise ValueError(f"{where}: frames of shape {frames.shape[1:]}, the stream began with {self.frame_shape}")
 
-    def extend(self, distances: np.ndarray, frames: np.ndarray) -> np.ndarray:
-        """Progress of the next `frames`, given their distances."""
+    def extend(self, distances: np.ndarray, frame_shape: tuple[int, ...]) -> np.ndarray:
+        """Progress of the next frames (each of `frame_shape`), given their distances."""
         distances = _carry_forward(np.concatenate([[self.last], distances]))[1:]
         if self.num_frames == 0:
-            self.start, self.frame_shape = distances[0], frames.shape[1:]
+            self.start, self.frame_shape = distances[0], frame_shape
         self.num_frames += len(distances)
         self.last = float(distances[-1])
         if np.isnan(self.start):  # a marker missing from the first frame: no progress can be read

@@ -10,7 +10,7 @@ from robotics.reward_wrapper import RewardWrapperConfig
 from vlm_rewards.config import JobConfig
 
 # EnvConfig fields that only the vlmr/* tasks take, passed to them as keyword arguments of the same name
-VLMR_LOOKS = ("table", "marker_radius", "highlights", "palette")
+VLMR_SETTINGS = ("table", "marker_radius", "highlights", "palette", "success_distance")
 
 # a Meta-World v3 task (robotics/metaworld.py; the metaworld extra, in its own venv)
 MetaWorldId = Annotated[str, pydantic.StringConstraints(pattern=r"^metaworld/[a-z-]+-v\d+$")]
@@ -37,6 +37,8 @@ class EnvConfig(pydantic.BaseModel, extra="forbid"):
     # vlmr/Push-v0: the effector starts behind the named block, within this many degrees of the push line
     # (30: a straight push; 180: anywhere around the block); None: anywhere
     push_start_angle: float | None = None
+    # vlmr/* tasks: how close to its goal counts as success (None: the task's own, Reach 0.04, Push 0.05)
+    success_distance: float | None = pydantic.Field(None, gt=0)
     max_episode_steps: int | None = None  # None: the task's default (Reach 50, Push 100)
     # sparse reward only: −cost on every step without success. 1 gives the goal-reaching convention (−1 a
     # step until success), the urgency the dense reward (progress − 1) has; 0: 1 on success, else 0
@@ -47,7 +49,7 @@ class EnvConfig(pydantic.BaseModel, extra="forbid"):
         for name in ("push_distance", "push_start_angle"):
             if getattr(self, name) is not None and self.id != "vlmr/Push-v0":
                 raise ValueError(f"{name} is a vlmr/Push-v0 setting; env.id is {self.id!r}")
-        for name in VLMR_LOOKS:
+        for name in VLMR_SETTINGS:
             if getattr(self, name) != type(self).model_fields[name].default and not self.id.startswith("vlmr/"):
                 raise ValueError(f"{name} is a setting of the vlmr/* tasks; env.id is {self.id!r}")
         return self

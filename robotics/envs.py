@@ -10,7 +10,7 @@ from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv
 
 import robotics.tasks  # noqa: F401 - registers the vlmr/* envs
-from robotics.config import VLMR_LOOKS, EnvConfig
+from robotics.config import VLMR_SETTINGS, EnvConfig
 from robotics.frames import CameraFrames
 
 if importlib.util.find_spec("metaworld"):  # the optional extra, in its own venv (scripts/setup_metaworld.sh)
@@ -35,7 +35,7 @@ def make_env(
         reward_type=reward_type,
         terminate_on_success=terminate_on_success,
         num_distractors=config.num_distractors,
-        **({name: getattr(config, name) for name in VLMR_LOOKS} if config.id.startswith("vlmr/") else {}),
+        **({name: getattr(config, name) for name in VLMR_SETTINGS} if config.id.startswith("vlmr/") else {}),
         **({"push_distance": config.push_distance} if config.push_distance else {}),
         **({"start_angle": config.push_start_angle} if config.push_start_angle is not None else {}),
         **kwargs,

@@ -174,8 +174,10 @@ class TabletopEnv(gym.Env):
         marker_radius: float = MARKER_RADIUS,
         highlights: bool = True,
         palette: Sequence[str] | None = None,
+        success_distance: float | None = None,
     ):
-        """palette: the colours the task draws its objects' colours from (None: all of `COLOURS`)."""
+        """palette: the colours the task draws its objects' colours from (None: all of `COLOURS`).
+        success_distance: how close to its goal counts as success (None: the task's own)."""
         if render_mode not in (None, "rgb_array"):
             raise ValueError(f"render_mode {render_mode!r}; expected None or 'rgb_array'")
         if camera not in CAMERAS:
@@ -186,6 +188,10 @@ class TabletopEnv(gym.Env):
         self.reward_type, self.terminate_on_success = reward_type, terminate_on_success
         self.num_distractors, self.table, self.marker_radius = num_distractors, table, marker_radius
         self.palette = self._checked_palette(palette)
+        if success_distance is not None:
+            if not 0 < success_distance < WORKSPACE:
+                raise ValueError(f"success_distance {success_distance}; expected 0 < distance < {WORKSPACE}")
+            self.success_distance = success_distance
         self.model = self._build_model()
         if not highlights:
             self.model.light_specular[:] = 0.0

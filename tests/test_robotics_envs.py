@@ -168,6 +168,25 @@ def test_short_push_starts_near_the_zone_with_the_effector_behind_the_block():
         EnvConfig(push_start_angle=30)
 
 
+@pytest.mark.parametrize("env_id", TASKS)
+def test_success_distance_sets_how_close_to_the_goal_counts(env_id):
+    from robotics.config import EnvConfig
+    from robotics.envs import make_env
+
+    rng = np.random.default_rng(0)
+    default, tight = (make_env(EnvConfig(id=env_id, success_distance=d)) for d in (None, 0.02))
+    for seed in range(5):
+        loose_episode, tight_episode = (scripted_episode(env, "expert", seed, rng) for env in (default, tight))
+        assert loose_episode.terminated and tight_episode.terminated  # the expert aims at the goal's centre
+        assert len(tight_episode.rewards) > len(loose_episode.rewards)
+        tight_distance = tight.unwrapped._distances()[-1]
+        assert tight_distance < 0.02 <= default.unwrapped.success_distance
+    with pytest.raises(ValueError, match=r"success_distance 0.5; expected 0 < distance < 0.3"):
+        gym.make(env_id, success_distance=0.5)
+    with pytest.raises(ValueError, match=r"success_distance is a setting of the vlmr/\* tasks; env.id is 'metaworld/"):
+        EnvConfig(id="metaworld/reach-v3", success_distance=0.02)
+
+
 def test_sparse_and_dense_rewards_and_termination():
     episode = scripted_episode(gym.make("vlmr/Reach-v0", reward_type="dense"), "expert", 0, np.random.default_rng(0))
     rewards = episode.rewards

@@ -17,7 +17,7 @@ MetaWorldId = Annotated[str, pydantic.StringConstraints(pattern=r"^metaworld/[a-
 
 
 class EnvConfig(pydantic.BaseModel, extra="forbid"):
-    id: Literal["vlmr/Reach-v0", "vlmr/Push-v0"] | MetaWorldId = "vlmr/Reach-v0"
+    id: Literal["vlmr/Reach-v0", "vlmr/Push-v0", "vlmr/Carry-v0"] | MetaWorldId = "vlmr/Reach-v0"
     num_envs: int = pydantic.Field(4, ge=1)
     vectorization: Literal["sync", "async"] = "sync"  # async: one process per env (renders in parallel)
     width: int = pydantic.Field(64, ge=16)
@@ -37,9 +37,9 @@ class EnvConfig(pydantic.BaseModel, extra="forbid"):
     # vlmr/Push-v0: the effector starts behind the named block, within this many degrees of the push line
     # (30: a straight push; 180: anywhere around the block); None: anywhere
     push_start_angle: float | None = None
-    # vlmr/* tasks: how close to its goal counts as success (None: the task's own, Reach 0.04, Push 0.05)
+    # vlmr/* tasks: how close to its goal counts as success (None: the task's own, Reach 0.04, Push and Carry 0.05)
     success_distance: float | None = pydantic.Field(None, gt=0)
-    max_episode_steps: int | None = None  # None: the task's default (Reach 50, Push 100)
+    max_episode_steps: int | None = None  # None: the task's default (Reach 50, Push 100, Carry 60)
     # sparse reward only: −cost on every step without success. 1 gives the goal-reaching convention (−1 a
     # step until success), the urgency the dense reward (progress − 1) has; 0: 1 on success, else 0
     sparse_step_cost: float = pydantic.Field(0.0, ge=0)
@@ -64,7 +64,7 @@ class CollectConfig(JobConfig):
     noise: float = pydantic.Field(0.3, ge=0)  # action noise std of the `noisy` expert
     progress_label: Literal["geometric", "time", "stage"] = "geometric"
     frame_stride: int = pydantic.Field(2, ge=1)  # keep every k-th frame (the first and last always)
-    # Reach: also write every rollout once per other target, the instruction naming that target and the
+    # Reach and Carry: also write every rollout once per other target (Carry: zone), the instruction naming it and the
     # geometric labels toward it (policy "<policy>_relabelled"): the same frames under different
     # instructions get different labels, so a reward model must bind the colour word to the scene
     relabel_targets: bool = False

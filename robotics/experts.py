@@ -1,7 +1,7 @@
 """Scripted policies acting on the state observation, so they run on vector-env observation batches.
 
 - `expert`: solves the task; `noise` adds Gaussian action noise (std in action units).
-- `wrong_object`: the expert for a distractor (another target / block), a failure that looks competent.
+- `wrong_object`: the expert for a distractor (another target / block / zone), a failure that looks competent.
 - `random`: uniform actions.
 
 An env may bring its own scripted policy as `env.unwrapped.expert()` (an object with `act(obs)` and
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from robotics.tasks import BLOCK_HALF, EE_RADIUS, PushEnv, ReachEnv
+from robotics.tasks import BLOCK_HALF, EE_RADIUS, CarryEnv, PushEnv, ReachEnv
 
 POLICIES = ("expert", "noisy", "wrong_object", "random")
 GAIN = 12.0  # action per metre of position error; saturates beyond ~8 cm
@@ -26,13 +26,14 @@ class ReachExpert:
     action_size = 2
 
     def __init__(self, num_targets: int):
-        self.num_targets = num_targets
+        self.num_targets = self.num_objects = num_targets
+
+    def named_object(self, obs: np.ndarray) -> int:
+        return int(np.argmax(obs[4 + 2 * self.num_targets : 4 + 3 * self.num_targets]))
 
     def act(self, obs: np.ndarray, target: int | None = None) -> np.ndarray:
-        ee = obs[0:2]
         targets = obs[4 : 4 + 2 * self.num_targets].reshape(-1, 2)
-        named = int(np.argmax(obs[4 + 2 * self.num_targets : 4 + 3 * self.num_targets]))
-        return _towards(ee, targets[named if target is None else target])
+        return _towards(obs[0:2], targets[self.named_object(obs) if target is None else target])
 
 
 class PushExpert:
@@ -46,15 +47,19 @@ class PushExpert:
 
     def __init__(self, num_blocks: int, num_zones: int):
         self.num_blocks, self.num_zones = num_blocks, num_zones
+        self.num_objects = num_blocks
+
+    def named_object(self, obs: np.ndarray) -> int:
+        start = 4 + 2 * self.num_blocks + 2 * self.num_zones
+        return int(np.argmax(obs[start : start + self.num_blocks]))
 
     def act(self, obs: np.ndarray, target: int | None = None) -> np.ndarray:
         ee = obs[0:2]
         blocks = obs[4 : 4 + 2 * self.num_blocks].reshape(-1, 2)
         zones_end = 4 + 2 * self.num_blocks + 2 * self.num_zones
         zones = obs[4 + 2 * self.num_blocks : zones_end].reshape(-1, 2)
-        named_block = int(np.argmax(obs[zones_end : zones_end + self.num_blocks]))
         zone = zones[int(np.argmax(obs[zones_end + self.num_blocks : zones_end + self.num_blocks + self.num_zones]))]
-        block = blocks[named_block if target is None else target]
+        block = blocks[self.named_object(obs) if target is None else target]
 
         to_zone = zone - block
         direction = to_zone / max(np.linalg.norm(to_zone), 1e-6)
@@ -77,7 +82,30 @@ class PushExpert:
         return np.clip(_towards(ee, zone - direction * self.push_end, gain=8.0) + bias, -1, 1)
 
 
-def make_expert(env) -> ReachExpert | PushExpert:
+class CarryExpert:
+    """Go to the block (it is picked up on contact), then carry it to the zone centre.
+    The objects a `wrong_object` expert may go for are the zones."""
+
+    action_size = 2
+
+    def __init__(self, num_zones: int):
+        self.num_zones = self.num_objects = num_zones
+
+    def named_object(self, obs: np.ndarray) -> int:
+        return int(np.argmax(obs[6 + 2 * self.num_zones : 6 + 3 * self.num_zones]))
+
+    def act(self, obs: np.ndarray, target: int | None = None) -> np.ndarray:
+        ee, block, held = obs[0:2], obs[4:6], obs[6 + 3 * self.num_zones] > 0.5
+        if not held:
+            return _towards(ee, block)
+        zones = obs[6 : 6 + 2 * self.num_zones].reshape(-1, 2)
+        return _towards(ee, zones[self.named_object(obs) if target is None else target])
+
+
+Expert = ReachExpert | PushExpert | CarryExpert
+
+
+def make_expert(env) -> Expert:
     """The expert of an env (any wrapper around a `vlmr/*` env, or an env with an `expert()` method)."""
     task = env.unwrapped
     if hasattr(task, "expert"):
@@ -86,20 +114,13 @@ def make_expert(env) -> ReachExpert | PushExpert:
         return ReachExpert(task.num_targets)
     if isinstance(task, PushEnv):
         return PushExpert(task.num_blocks, task.num_zones)
-    raise ValueError(f"no scripted expert for {type(task).__name__}; experts exist for ReachEnv and PushEnv")
-
-
-def num_objects(expert: ReachExpert | PushExpert) -> int:
-    return expert.num_targets if isinstance(expert, ReachExpert) else expert.num_blocks
-
-
-def named_object(expert: ReachExpert | PushExpert, obs: np.ndarray) -> int:
-    start = 4 + 2 * num_objects(expert) + (2 * expert.num_zones if isinstance(expert, PushExpert) else 0)
-    return int(np.argmax(obs[start : start + num_objects(expert)]))
+    if isinstance(task, CarryEnv):
+        return CarryExpert(task.num_zones)
+    raise ValueError(f"no scripted expert for {type(task).__name__}; experts exist for ReachEnv, PushEnv, CarryEnv")
 
 
 def scripted_action(
-    expert: ReachExpert | PushExpert,
+    expert: Expert,
     policy: str,
     obs: np.ndarray,
     rng: np.random.Generator,
@@ -119,9 +140,9 @@ def scripted_action(
     return np.clip(action, -1.0, 1.0).astype(np.float32)
 
 
-def pick_wrong_target(expert: ReachExpert | PushExpert, obs: np.ndarray, rng: np.random.Generator) -> int | None:
+def pick_wrong_target(expert: Expert, obs: np.ndarray, rng: np.random.Generator) -> int | None:
     """A distractor for `wrong_object`; None for an expert of a task without distractors."""
-    if not isinstance(expert, ReachExpert | PushExpert):
+    if not isinstance(expert, Expert):
         return None
-    named = named_object(expert, obs)
-    return int(rng.choice([i for i in range(num_objects(expert)) if i != named]))
+    named = expert.named_object(obs)
+    return int(rng.choice([i for i in range(expert.num_objects) if i != named]))

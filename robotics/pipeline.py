@@ -6,7 +6,8 @@ re-run resumes; the RL runs resume from their checkpoints):
 1. `data/train`, `data/eval_<k>x`: scripted episodes (`vlmr collect`); held-out ones at k times the
    training episode length, to check that the RM holds at the clip lengths the RL loop feeds it.
 2. `rm_stage1/` (optional): a preference RM on ShapesWorld pairs, which grounds colour words in pixels;
-   `rm/`: the progress RM trained on the collected episodes, starting from stage 1's backbone.
+   `rm/`: the progress RM trained on the collected episodes, starting from stage 1's backbone;
+   `rm_cont<k>/` (optional, `progress_rm_continued`): further progress stages, each from the one before.
 3. `eval_rm_<k>x/`: `vlmr eval-rm` of the RM on the held-out episodes (VOC, instruction use, the reward
    each scripted policy earns, wrong-object behaviour included).
 4. `rl/<condition>_seed<s>/`: `vlmr rl` per reward condition (sparse | dense | learned | goal_image |
@@ -30,7 +31,7 @@ import yaml
 from robotics.collect import Track
 from robotics.config import CollectConfig, EnvConfig, RLConfig
 from robotics.rl import read_jsonl, run_rl
-from vlm_rewards.config import JobConfig
+from vlm_rewards.config import JobConfig, deep_merge, format_validation_error
 from vlm_rewards.training.config import TrainRMConfig
 
 logger = logging.getLogger("vlm_rewards.robotics.pipeline")
@@ -41,6 +42,7 @@ SCRIPTED_REWARDS = {
     ("vlmr/Reach-v0", True): "reach_marker_progress",
     ("vlmr/Reach-v0", False): "reach_marker_progress_matte",
     ("vlmr/Push-v0", True): "push_marker_progress",
+    ("vlmr/Carry-v0", False): "carry_marker_progress_matte",
 }
 
 
@@ -101,6 +103,10 @@ class PipelineConfig(JobConfig):
     eval_length_factors: list[int] = [1, 2]  # held-out episodes at k x the training episode length
     preference_stage: TrainRMConfig | None = pydantic.Field(default_factory=_default_stage1)  # None: skip
     progress_rm: TrainRMConfig = pydantic.Field(default_factory=_default_progress_rm)
+    # further progress-RM stages, each a partial `vlmr train-rm` config merged into progress_rm and started from
+    # the model of the stage before, e.g. {optim: {steps: 3000, lr: 3.0e-4}, data: {clip_frames: null}}: whole
+    # episodes after 8-frame clips. The RL conditions use the last stage's model
+    progress_rm_continued: list[dict] = []
     rl: RLConfig = pydantic.Field(default_factory=_default_rl)
     conditions: list[Condition] = ["sparse", "dense", "learned", "scripted"]
     scripted_reward: str | None = None  # reward YAML (path or shipped name) of `scripted`; None: SCRIPTED_REWARDS
@@ -117,6 +123,21 @@ class PipelineConfig(JobConfig):
                 f"{sorted(SCRIPTED_REWARDS)}): set scripted_reward or drop 'scripted'"
             )
         return self
+
+    @pydantic.model_validator(mode="after")
+    def _continued_stages_are_trainer_configs(self) -> PipelineConfig:
+        self.continued_progress_stages()  # a bad key or value fails here, naming the stage
+        return self
+
+    def continued_progress_stages(self) -> list[TrainRMConfig]:
+        base = self.progress_rm.model_dump(mode="json")
+        stages = []
+        for index, update in enumerate(self.progress_rm_continued, start=1):
+            try:
+                stages.append(TrainRMConfig.model_validate(deep_merge(base, update)))
+            except pydantic.ValidationError as error:
+                raise ValueError(f"progress_rm_continued[{index - 1}]: {format_validation_error(error)}") from None
+        return stages
 
     @property
     def scripted_reward_config(self) -> str | None:
@@ -168,18 +189,21 @@ class Pipeline:
             if not (stage1.output_dir / "model").is_dir():
                 run_training(stage1, self.track)
             backbone = str(stage1.output_dir / "model")
-        model = config.progress_rm.model.model_copy(update={"backbone": backbone})
-        data = config.progress_rm.data.model_copy(
-            update={"train": self.root / "data" / "train", "eval": self.root / "data" / "eval_1x"}
-        )
-        progress = config.progress_rm.model_copy(update={"output_dir": self.root / "rm", "model": model, "data": data})
-        if not (progress.output_dir / "model").is_dir():
-            run_training(progress, self.track)
-        reward_yaml = self.root / "rm" / "reward.yaml"
+        episodes = {"train": self.root / "data" / "train", "eval": self.root / "data" / "eval_1x"}
+        stages = [config.progress_rm, *config.continued_progress_stages()]
+        for index, stage in enumerate(stages):  # each progress stage starts from the model before it
+            output_dir = self.root / ("rm" if index == 0 else f"rm_cont{index}")
+            model = stage.model.model_copy(update={"backbone": backbone})
+            data = stage.data.model_copy(update=episodes)
+            progress = stage.model_copy(update={"output_dir": output_dir, "model": model, "data": data})
+            if not (output_dir / "model").is_dir():
+                run_training(progress, self.track)
+            backbone = str(output_dir / "model")
+        reward_yaml = output_dir / "reward.yaml"
         spec = {
             "kind": "trained_rm",
             "name": "pipeline_progress_rm",
-            "model": str((self.root / "rm" / "model").resolve()),
+            "model": str((output_dir / "model").resolve()),
             "device": config.rl.device,
             "batch_size": 16,
         }

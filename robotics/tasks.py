@@ -7,12 +7,14 @@ instruction to know which object counts.
 
 - `vlmr/Reach-v0`: "reach the red target" among distractor targets.
 - `vlmr/Push-v0`: "push the red block to the green zone" among a distractor block and zone.
+- `vlmr/Carry-v0`: "carry the block to the red zone" among distractor zones; the effector picks the
+  block up when it touches it (a magnet), so the task is a pick-and-place in two stages.
 
 Every env: `render_mode="rgb_array"`, cameras `top` and `front` (`render(camera)`, `render_cameras()`),
 `render_goal(camera)` (the scene with the task solved, for goal-image rewards), `instruction`,
 and in `info`: `is_success` (sparse), `progress` (task-geometric progress in [0, 1]), `dense_reward`
 (progress − 1, the ground-truth dense reward: ≤ 0, so finishing early never loses return), `stage`
-(subtasks done: Push has approach, then push) and `instruction`.
+(subtasks done: Push has approach, then push; Carry has pick, then carry) and `instruction`.
 """
 
 from __future__ import annotations
@@ -79,8 +81,8 @@ def _walls() -> str:
 
 
 def _marker(name: str, shape: str, radius: float = MARKER_RADIUS) -> str:
-    """A flat, non-colliding coloured marker (a reach target disc or a goal zone square)."""
-    size = f"{radius} 0.002" if shape == "disc" else "0.06 0.06 0.002"
+    """A flat, non-colliding coloured marker (a reach target disc, a goal zone square or Carry's block)."""
+    size = {"disc": f"{radius} 0.002", "square": "0.06 0.06 0.002", "block": "0.04 0.04 0.001"}[shape]
     geom_type = "cylinder" if shape == "disc" else "box"
     return (
         f'<body name="{name}" mocap="true" pos="0 0 0.002">'
@@ -146,7 +148,7 @@ def build_model(
 class Layout:
     """One episode's scene: object colours and positions, and which object/zone the instruction names."""
 
-    colours: list[str]
+    colours: list[str]  # of the objects drawn from the palette (Carry: none)
     positions: np.ndarray  # (n, 2)
     target: int
     zone_colours: list[str]
@@ -235,6 +237,9 @@ class TabletopEnv(gym.Env):
 
     stage_budgets: tuple[float, ...] = (1.0,)  # progress share of each stage, for stage-based labels
 
+    def _after_physics(self) -> None:
+        """Task rules applied after each step's physics (Carry's pick-up)."""
+
     def _stage(self, success: bool) -> int:
         """Stages completed so far (len(stage_budgets) on success)."""
         return len(self.stage_budgets) if success else 0
@@ -252,6 +257,7 @@ class TabletopEnv(gym.Env):
         action = np.clip(np.asarray(action, dtype=np.float64), -1.0, 1.0)
         self.data.ctrl[:] = action * MAX_SPEED
         mujoco.mj_step(self.model, self.data, nstep=self.frame_skip)
+        self._after_physics()
         info = self._info()
         success = info["is_success"]
         reward = info["dense_reward"] if self.reward_type == "dense" else float(success)
@@ -596,7 +602,125 @@ class PushEnv(TabletopEnv):
         return np.concatenate(parts).astype(np.float32)
 
 
-TASKS = {"vlmr/Reach-v0": (ReachEnv, 50), "vlmr/Push-v0": (PushEnv, 100)}
+def carry_instruction(zone_colour: str) -> str:
+    """The Carry instruction naming the `zone_colour` zone."""
+    return f"carry the block to the {zone_colour} zone"
+
+
+class CarryEnv(TabletopEnv):
+    """Pick up the block and carry it into the named zone; success with its centre within 0.05 of the zone's.
+
+    The effector picks the block up when their centres come within `grasp_distance` (a magnet: no grip
+    action) and holds it from then on, drawn on top of the effector. Progress is half the way to the block,
+    then half the block's way to the zone, so the two stages are two reaches: the second names a colour,
+    the first does not. The block is white, a shade no colour word names.
+    """
+
+    success_distance = 0.05
+    grasp_distance = 0.04
+    pick_share = 0.5
+    stage_budgets = (pick_share, 1 - pick_share)
+    block_colour = (0.95, 0.95, 0.95)
+    block_heights = (0.006, 0.06)  # the block's drawn height on the table and held (above the effector)
+
+    @property
+    def num_zones(self) -> int:
+        return 1 + self.num_distractors
+
+    @property
+    def num_colours(self) -> int:
+        return self.num_zones
+
+    def _build_model(self) -> mujoco.MjModel:
+        markers = [(f"zone{i}", "square") for i in range(self.num_zones)] + [("block", "block")]
+        return build_model(markers, blocks=[], table=self.table)
+
+    def _sample_layout(self, rng: np.random.Generator) -> Layout:
+        names = self.palette
+        zone_colours = [names[i] for i in rng.choice(len(names), self.num_zones, replace=False)]
+        zone_positions = _spread_positions(rng, self.num_zones, 0.2)
+        block = _spread_positions(rng, 1, 0.15, avoid=zone_positions)
+        ee_start = _spread_positions(rng, 1, 0.1, avoid=[*zone_positions, *block])[0]
+        zone = int(rng.integers(self.num_zones))
+        return Layout([], block, 0, zone_colours, zone_positions, zone, ee_start)  # the block is white, not drawn
+
+    def _apply_layout(self, layout: Layout) -> None:
+        mujoco.mj_resetData(self.model, self.data)
+        for i, (colour, position) in enumerate(zip(layout.zone_colours, layout.zone_positions)):
+            self._set_rgba(f"zone{i}", colour)
+            self._set_marker(f"zone{i}", position)
+        self.model.geom_rgba[self.model.geom("block").id] = (*self.block_colour, 1.0)
+        self.data.qpos[0:2] = layout.ee_start
+        self.held = False
+        self._place_block(layout.positions[0])
+        self._zone_start = np.linalg.norm(layout.zone_positions - layout.positions[0], axis=1)
+
+    def _place_block(self, position: np.ndarray) -> None:
+        body = self.model.body("block").mocapid[0]
+        self.data.mocap_pos[body] = (*position, self.block_heights[self.held])
+        mujoco.mj_forward(self.model, self.data)
+
+    def _after_physics(self) -> None:
+        if not self.held and np.linalg.norm(self.ee_position - self.block_position) < self.grasp_distance:
+            self.held = True
+        if self.held:
+            self._place_block(self.ee_position)
+
+    @property
+    def block_position(self) -> np.ndarray:
+        return self.data.mocap_pos[self.model.body("block").mocapid[0], :2].copy()
+
+    @property
+    def instruction(self) -> str:
+        return carry_instruction(self.layout.zone_colours[self.layout.zone])
+
+    @property
+    def goal_position(self) -> np.ndarray:
+        return self.layout.zone_positions[self.layout.zone]
+
+    def _stage(self, success: bool) -> int:
+        return 2 if success else int(self.held)
+
+    def _distances(self) -> np.ndarray:
+        """Effector to the block (past grasping reach) and the block to the named zone."""
+        approach = max(np.linalg.norm(self.ee_position - self.block_position) - self.grasp_distance, 0.0)
+        return np.array([0.0 if self.held else approach, np.linalg.norm(self.block_position - self.goal_position)])
+
+    def _zone_progress(self) -> np.ndarray:
+        """Geometric progress toward each zone (pick, then carry), 1 where the block is within success."""
+        pick = 1.0 if self.held else np.clip(1.0 - self._distances()[0] / max(self._start[0], 1e-6), 0.0, 1.0)
+        to_zones = np.linalg.norm(self.layout.zone_positions - self.block_position, axis=1)
+        carry = np.clip(1.0 - to_zones / np.maximum(self._zone_start, 1e-6), 0.0, 1.0)
+        progress = self.pick_share * pick + (1 - self.pick_share) * carry
+        return np.where(to_zones < self.success_distance, 1.0, progress)
+
+    def _progress_and_success(self) -> tuple[float, bool]:
+        success = self._distances()[1] < self.success_distance
+        return float(self._zone_progress()[self.layout.zone]), bool(success)
+
+    def _info(self) -> dict:
+        """Adds every zone's instruction and progress toward it, for relabelling (as Reach does per target)."""
+        info = super()._info()
+        if hasattr(self, "layout"):
+            info["target_progress"] = self._zone_progress()
+            info["target_instructions"] = "|".join(carry_instruction(c) for c in self.layout.zone_colours)
+        return info
+
+    def _pose_solved(self) -> None:
+        self.data.qpos[0:2] = self.goal_position
+        self.data.mocap_pos[self.model.body("block").mocapid[0]] = (*self.goal_position, self.block_heights[1])
+
+    def _observation(self) -> np.ndarray:
+        if not hasattr(self, "layout"):
+            return np.zeros(11 + 3 * self.num_zones, dtype=np.float32)
+        layout, block = self.layout, self.block_position
+        parts = [self.ee_position, self.data.qvel[0:2], block, layout.zone_positions.ravel(),
+                 _one_hot(layout.zone, self.num_zones), [float(self.held)],
+                 block - self.ee_position, self.goal_position - block]  # fmt: skip
+        return np.concatenate(parts).astype(np.float32)
+
+
+TASKS = {"vlmr/Reach-v0": (ReachEnv, 50), "vlmr/Push-v0": (PushEnv, 100), "vlmr/Carry-v0": (CarryEnv, 60)}
 
 
 def register_tasks() -> None:

@@ -24,6 +24,7 @@ REDUCED = [
     "progress_rm.data.clip_frames=4",
     "rl.total_timesteps=80", "rl.eval.every=40", "rl.eval.episodes=2", "rl.sac.learning_starts=20",
     "conditions=[sparse, learned, goal_image, scripted]", "env.sparse_step_cost=1",
+    "progress_rm_continued=[{optim: {steps: 2}, data: {clip_frames: null}}]",
 ]  # fmt: skip
 
 
@@ -45,13 +46,19 @@ def test_pipeline_runs_every_stage_then_resumes_without_redoing_them(tmp_path):
     assert episodes == {"train": 7, "eval_1x": 5, "eval_2x": 5}
     learned_monitor = (out / "rl" / "learned_seed0" / "monitor.jsonl").read_text().splitlines()
     assert learned_monitor and "reward/corr_progress_true" in json.loads(learned_monitor[0])
-    for name in ("report.md", "success_curves.png", "reward_fidelity.png", "rm/reward.yaml"):
+    for name in ("report.md", "success_curves.png", "reward_fidelity.png", "rm/model/reward_model.json"):
         assert (out / name).is_file(), name
+    # the continued stage trained on whole episodes from rm/'s model
+    continued = json.loads(next((out / "rm_cont1" / "checkpoints").glob("step_*/train_config.json")).read_text())
+    assert continued["model"]["backbone"] == str(out / "rm" / "model") and continued["data"]["clip_frames"] is None
+    assert (continued["optim"]["steps"], continued["data"]["train"]) == (2, str(out / "data" / "train"))
+    learned = yaml.safe_load((out / "rl" / "learned_seed0" / "config.yaml").read_text())
+    assert learned["reward"]["config"] == str(out / "rm_cont1" / "reward.yaml")  # RL uses the last stage
     assert "| learned | 1 |" in (out / "report.md").read_text()
     assert "| step_correlation_at_clip_frames |" in (out / "report.md").read_text()
 
-    stamps = {path: path.stat().st_mtime_ns for path in (out / "data" / "train" / "meta.json",
-                                                          out / "rm" / "model" / "reward_model.json")}  # fmt: skip
+    kept = ("data/train/meta.json", "rm/model/reward_model.json", "rm_cont1/model/reward_model.json")
+    stamps = {out / path: (out / path).stat().st_mtime_ns for path in kept}
     result = runner.invoke(app, ["pipeline", f"output_dir={out}", *REDUCED])
     assert result.exit_code == 0, result.output
     assert {path: path.stat().st_mtime_ns for path in stamps} == stamps
@@ -63,10 +70,17 @@ def test_the_scripted_condition_takes_the_task_shipped_reward():
     assert PipelineConfig(env={"id": "vlmr/Push-v0"}).scripted_reward_config == "push_marker_progress"
     with pytest.raises(ValueError, match="no shipped one for env.id 'vlmr/Push-v0' with env.highlights False"):
         PipelineConfig(env={"id": "vlmr/Push-v0", "highlights": False})
+    carry = {"id": "vlmr/Carry-v0", "highlights": False}
+    assert PipelineConfig(env=carry).scripted_reward_config == "carry_marker_progress_matte"
     assert PipelineConfig(scripted_reward="mine.yaml").scripted_reward_config == "mine.yaml"
     with pytest.raises(ValueError, match="no shipped one for env.id 'metaworld/reach-v3'"):
         PipelineConfig(env={"id": "metaworld/reach-v3"})
     PipelineConfig(env={"id": "metaworld/reach-v3"}, conditions=["sparse", "dense", "learned"])
+
+
+def test_a_continued_progress_stage_is_checked_as_a_trainer_config():
+    with pytest.raises(ValueError, match=r"progress_rm_continued\[1\]: .*optim.stpes"):
+        PipelineConfig(progress_rm_continued=[{"optim": {"steps": 5}}, {"optim": {"stpes": 5}}])
 
 
 def test_rollout_voc_gives_a_goal_conditioned_reward_the_goal_render(tmp_path):

@@ -32,20 +32,22 @@ def test_collect_cli_writes_a_readable_episode_dataset(tmp_path):
     assert "reach the" in expert.instruction and expert.reference.shape == (1, 16, 16, 3)
 
 
-def test_relabel_targets_writes_each_rollout_once_per_target(tmp_path):
+@pytest.mark.parametrize("env_id, steps", [("vlmr/Reach-v0", 20), ("vlmr/Carry-v0", 40)])
+def test_relabel_targets_writes_each_rollout_once_per_target(tmp_path, env_id, steps):
+    """Reach: once per target disc; Carry: once per zone."""
     from robotics.collect import collect
     from robotics.config import CollectConfig
 
-    env = {"num_envs": 2, "width": 16, "height": 16, "max_episode_steps": 20, "table": "gradient"}
+    env = {"id": env_id, "num_envs": 2, "width": 16, "height": 16, "max_episode_steps": steps, "table": "gradient"}
     config = CollectConfig(output=str(tmp_path / "relabel"), env=env, episodes={"expert": 2, "wrong_object": 1},
                            views=[], frame_stride=1, relabel_targets=True, goal_reference=False)  # fmt: skip
     episodes = list(collect(config))
-    assert len(episodes) == 3 * 3  # 3 rollouts x (named target + 2 distractors)
+    assert len(episodes) == 3 * 3  # 3 rollouts x (named target or zone + 2 distractors)
     for start in range(0, 9, 3):
         named, *others = episodes[start : start + 3]
         assert named.policy in ("expert", "wrong_object") and named.reference is None
         assert all(o.policy == f"{named.policy}_relabelled" for o in others)
-        assert len({named.instruction, *(o.instruction for o in others)}) == 3  # one per target colour
+        assert len({named.instruction, *(o.instruction for o in others)}) == 3  # one per colour
         for other in others:
             assert np.array_equal(other.frames, named.frames) and other.progress[0] == 0
             assert not np.array_equal(other.progress, named.progress)

@@ -357,7 +357,11 @@ def test_user_registered_kind():
     assert result.reward == 0.25
 
 
-PUSH_TEXTS = ("push the red block to the blue zone", "push the green block to the red zone")  # two colours named
+# rewards whose texts name two palette words (Carry's palette has "block" among its colours)
+TEXTS_NAMING_TWO = {
+    "push_": ("push the red block to the blue zone", "push the green block to the red zone"),
+    "carry_": ("carry the block to the blue zone", "carry the block to the red zone"),
+}
 CONFIGS_NEEDING_WEIGHTS = {"embedding_goal", "progress_tiny", "preference_tiny", "vlm_judge", "gvl_progress"}
 
 
@@ -367,8 +371,8 @@ def test_every_shipped_reward_config_conforms(path):
     if path.stem in CONFIGS_NEEDING_WEIGHTS:
         pytest.skip("needs model weights; covered with a tiny model elsewhere")
     reward = build_reward(path)
-    two_colours = random_requests(reward.spec, np.random.default_rng(0), texts=PUSH_TEXTS)
-    check_reward(reward, two_colours if path.stem.startswith("push_") else None)
+    texts = next((texts for prefix, texts in TEXTS_NAMING_TWO.items() if path.stem.startswith(prefix)), None)
+    check_reward(reward, random_requests(reward.spec, np.random.default_rng(0), texts=texts) if texts else None)
 
 
 @pytest.mark.parametrize(

@@ -286,12 +286,13 @@ class TabletopEnv(gym.Env):
         return {name: self._render_camera(name) for name in cameras}
 
     def render_goal(self, camera: str | None = None) -> np.ndarray:
-        """The scene of this episode with the task solved (the named object at its goal)."""
-        saved_qpos = self.data.qpos.copy()
+        """The scene of this episode with the task solved (the named object at its goal); the state is kept.
+        Mocap bodies are saved with the joints: Carry's block is one."""
+        saved_qpos, saved_mocap = self.data.qpos.copy(), self.data.mocap_pos.copy()
         self._pose_solved()
         mujoco.mj_forward(self.model, self.data)
         frame = self._render_camera(camera or self.camera)
-        self.data.qpos[:] = saved_qpos
+        self.data.qpos[:], self.data.mocap_pos[:] = saved_qpos, saved_mocap
         mujoco.mj_forward(self.model, self.data)
         return frame
 

@@ -98,6 +98,17 @@ def test_a_palette_limits_the_scene_colours_and_is_checked(env_id):
 
 
 @pytest.mark.parametrize("env_id", TASKS)
+def test_rendering_the_goal_leaves_the_episode_as_it_was(env_id):
+    env = gym.make(env_id, render_mode="rgb_array", width=32, height=32)
+    obs, info = env.reset(seed=2)
+    frame = env.unwrapped.render()
+    goal = env.unwrapped.render_goal()
+    assert not np.array_equal(goal, frame)
+    assert np.array_equal(env.unwrapped._observation(), obs) and np.array_equal(env.unwrapped.render(), frame)
+    assert env.unwrapped._info()["progress"] == info["progress"] and not env.unwrapped._info()["is_success"]
+
+
+@pytest.mark.parametrize("env_id", TASKS)
 def test_seeded_resets_repeat_and_differ(env_id):
     env = gym.make(env_id)
     first, info = env.reset(seed=7)

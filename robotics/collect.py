@@ -1,7 +1,8 @@
 """`vlmr collect`: scripted rollouts of the tasks written as an episode dataset (data/README.md).
 
 Policies: `expert`, `noisy` (expert + Gaussian action noise), `wrong_object` (the expert for a
-distractor: a failure that looks competent) and `random`. Episodes run the full time limit (no
+distractor: a failure that looks competent), `random`, and trained SB3 policies (`checkpoints`): an RL
+run's own states, e.g. to teach a reward model the states its policies reach. Episodes run the full time limit (no
 termination on success), `num_envs` at a time in a gymnasium vector env; episode j is reset with
 seed `seed + j`, so a config fixes the dataset.
 
@@ -19,6 +20,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -60,20 +63,55 @@ def policy_schedule(config: CollectConfig) -> list[str]:
 def run_rollouts(config: CollectConfig, track: Track | None = None) -> Iterator[Rollout]:
     """Roll out every scheduled episode, `num_envs` at a time."""
     cameras = [config.env.camera, *[view for view in config.views if view != config.env.camera]]
+    schedule = policy_schedule(config)
+    trained = load_checkpoint_policies(config)
     envs = make_gym_vector(config.env, cameras=cameras, terminate_on_success=False, goal_image=config.goal_reference)
     expert = make_expert(gym.make(config.env.id, num_distractors=config.env.num_distractors))
     rng = np.random.default_rng(config.seed)
-    schedule = policy_schedule(config)
     batches = range(0, len(schedule), envs.num_envs)
     try:
         for start in (track or _untracked)(batches, "collect"):
             policies = schedule[start : start + envs.num_envs]
-            yield from _run_batch(envs, expert, policies, config, rng, seed=config.seed + start)
+            yield from _run_batch(envs, expert, trained, policies, config, rng, seed=config.seed + start)
     finally:
         envs.close()
 
 
-def _run_batch(envs, expert, policies: list[str], config: CollectConfig, rng, seed: int) -> Iterator[Rollout]:
+def load_checkpoint_policies(config: CollectConfig) -> dict[str, Callable[[np.ndarray], np.ndarray]]:
+    """Each used `checkpoints` entry as a function from one observation to one action."""
+    from stable_baselines3 import PPO, SAC
+    from stable_baselines3.common.utils import set_random_seed
+
+    algorithms = {"ppo": PPO, "sac": SAC}
+    policies = {}
+    set_random_seed(config.seed)  # the policies sample their actions with torch's global generator
+    for name, checkpoint in config.checkpoints.items():
+        if config.episodes.get(name, 0) == 0:
+            continue
+        if not Path(checkpoint.path).is_file():
+            raise FileNotFoundError(
+                f"collect: checkpoints.{name}.path {checkpoint.path!r} is not a file (an SB3 model.zip)"
+            )
+        model = algorithms[checkpoint.algo].load(checkpoint.path, device="cpu")
+        _check_observation_space(name, model.observation_space, config)
+        policies[name] = partial(_checkpoint_action, model, checkpoint.deterministic)
+    return policies
+
+
+def _checkpoint_action(model, deterministic: bool, obs: np.ndarray) -> np.ndarray:
+    return model.predict(obs, deterministic=deterministic)[0].astype(np.float32)
+
+
+def _check_observation_space(name: str, space, config: CollectConfig) -> None:
+    env_space = gym.make(config.env.id, num_distractors=config.env.num_distractors).observation_space
+    if space.shape != env_space.shape:
+        raise ValueError(
+            f"collect: checkpoints.{name} takes observations of shape {space.shape}; {config.env.id} with "
+            f"num_distractors={config.env.num_distractors} gives {env_space.shape}"
+        )
+
+
+def _run_batch(envs, expert, trained, policies: list[str], config: CollectConfig, rng, seed: int) -> Iterator[Rollout]:
     num_envs = envs.num_envs
     obs, infos = envs.reset(seed=[seed + i for i in range(num_envs)])
     per_env = unstack_infos(infos, num_envs)
@@ -87,7 +125,10 @@ def _run_batch(envs, expert, policies: list[str], config: CollectConfig, rng, se
     done = np.zeros(num_envs, bool)
     while not done.all():
         actions = np.stack(
-            [scripted_action(expert, _base_policy(p), o, rng, n, w) for p, o, n, w in zip(policies, obs, noises, wrong)]
+            [
+                trained[p](o) if p in trained else scripted_action(expert, _base_policy(p), o, rng, n, w)
+                for p, o, n, w in zip(policies, obs, noises, wrong)
+            ]
         )
         obs, _, terminated, truncated, infos = envs.step(actions)
         for i, info in enumerate(unstack_infos(infos, num_envs)[: len(rollouts)]):

@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 
 import pydantic
 
+from robotics.experts import POLICIES
 from robotics.reward_wrapper import RewardWrapperConfig
 from vlm_rewards.config import JobConfig
 
@@ -55,12 +56,22 @@ class EnvConfig(pydantic.BaseModel, extra="forbid"):
         return self
 
 
+class CheckpointPolicy(pydantic.BaseModel, extra="forbid"):
+    """A trained SB3 policy as a collection policy: its own states, which scripted experts do not visit."""
+
+    path: str  # an SB3 model, e.g. a `vlmr rl` run's checkpoints/model.zip
+    algo: Literal["ppo", "sac"] = "sac"
+    deterministic: bool = False  # False: sample actions, as the RL loop explores
+
+
 class CollectConfig(JobConfig):
     output: str = "runs/collect/reach"
     env: EnvConfig = EnvConfig()
-    episodes: dict[Literal["expert", "noisy", "wrong_object", "random"], int] = {
-        "expert": 24, "noisy": 16, "wrong_object": 12, "random": 12,
-    }  # fmt: skip
+    # episodes per policy: the scripted ones (robotics.experts.POLICIES) or a name of `checkpoints`
+    episodes: dict[str, int] = {"expert": 24, "noisy": 16, "wrong_object": 12, "random": 12}
+    # trained policies by name, e.g. {sac_learned0: {path: runs/carry_v1/rl/learned_seed0/checkpoints/model.zip}};
+    # their observations must be this env's (the same env settings as their RL run)
+    checkpoints: dict[str, CheckpointPolicy] = {}
     noise: float = pydantic.Field(0.3, ge=0)  # action noise std of the `noisy` expert
     progress_label: Literal["geometric", "time", "stage"] = "geometric"
     frame_stride: int = pydantic.Field(2, ge=1)  # keep every k-th frame (the first and last always)
@@ -73,6 +84,19 @@ class CollectConfig(JobConfig):
     frame_format: Literal["npz", "mp4"] = "npz"
     fps: int = 10
     seed: int = 0
+
+    @pydantic.model_validator(mode="after")
+    def _policies_are_known(self) -> CollectConfig:
+        known = (*POLICIES, *self.checkpoints)
+        unknown = [name for name in self.episodes if name not in known]
+        if unknown:
+            raise ValueError(
+                f"episodes names policies {unknown}; expected scripted ones {POLICIES} or a name of checkpoints"
+            )
+        clashing = [name for name in self.checkpoints if name in POLICIES]
+        if clashing:
+            raise ValueError(f"checkpoints {clashing} take the name of a scripted policy; rename them")
+        return self
 
 
 class PPOParams(pydantic.BaseModel, extra="forbid"):

@@ -132,3 +132,65 @@ def test_rl_config_refuses_inconsistent_settings():
         RLConfig(reward={"source": "goal_image", "wrapper": {"gamma": 0.9}})
     with pytest.raises(ValueError, match="needs reward.config"):
         RLConfig(reward={"source": "learned"})
+
+
+def test_collect_rolls_out_a_trained_sb3_policy(tmp_path):
+    """A `checkpoints` policy acts in collection as it does stepped by hand, labelled with the env's progress."""
+    from stable_baselines3 import SAC
+
+    from robotics.collect import collect
+    from robotics.config import CollectConfig, EnvConfig
+    from robotics.envs import make_env
+
+    env_config = EnvConfig(num_envs=1, width=16, height=16, max_episode_steps=10)
+    env = make_env(env_config, terminate_on_success=False)
+    SAC("MlpPolicy", env, seed=3, device="cpu").save(tmp_path / "policy.zip")
+    policy = SAC.load(tmp_path / "policy.zip", device="cpu")
+    obs, info = env.reset(seed=0)
+    frames, progress = [info["frames"]["top"]], [info["progress"]]
+    for _ in range(10):
+        obs, _, _, _, info = env.step(policy.predict(obs, deterministic=True)[0])
+        frames.append(info["frames"]["top"])
+        progress.append(info["progress"])
+
+    config = CollectConfig(
+        output=str(tmp_path / "rollouts"), env=env_config, episodes={"trained": 1}, views=[], frame_stride=1,
+        checkpoints={"trained": {"path": str(tmp_path / "policy.zip"), "deterministic": True}},
+    )  # fmt: skip
+    (episode,) = list(collect(config))
+    assert episode.policy == "trained"
+    np.testing.assert_array_equal(episode.frames, np.stack(frames))
+    np.testing.assert_allclose(episode.progress, progress, atol=1e-6)
+
+    sampling = config.model_dump() | {"checkpoints": {"trained": {"path": str(tmp_path / "policy.zip")}}}
+    first, second = (list(collect(CollectConfig(**sampling | {"output": str(tmp_path / name)}))) for name in "ab")
+    np.testing.assert_array_equal(first[0].frames, second[0].frames)  # sampled actions, seeded by the config
+    assert not np.array_equal(first[0].frames, episode.frames)
+
+
+def test_collect_refuses_unusable_checkpoint_policies(tmp_path):
+    from stable_baselines3 import SAC
+
+    from robotics.collect import collect
+    from robotics.config import CollectConfig, EnvConfig
+    from robotics.envs import make_env
+
+    with pytest.raises(ValueError, match=r"episodes names policies \['trained'\]"):
+        CollectConfig(episodes={"trained": 1})
+    with pytest.raises(ValueError, match="name of a scripted policy"):
+        CollectConfig(episodes={"expert": 1}, checkpoints={"expert": {"path": "policy.zip"}})
+    missing = CollectConfig(output=str(tmp_path / "a"), episodes={"trained": 1},
+                            checkpoints={"trained": {"path": str(tmp_path / "none.zip")}})  # fmt: skip
+    with pytest.raises(FileNotFoundError, match=r"checkpoints.trained.path .*none.zip"):
+        collect(missing)
+    reach = make_env(EnvConfig(width=16, height=16))
+    SAC("MlpPolicy", reach, device="cpu").save(tmp_path / "reach.zip")
+    carry = CollectConfig(
+        output=str(tmp_path / "b"),
+        env={"id": "vlmr/Carry-v0", "width": 16, "height": 16},
+        episodes={"trained": 1},
+        checkpoints={"trained": {"path": str(tmp_path / "reach.zip")}},
+    )
+    with pytest.raises(ValueError, match="checkpoints.trained takes observations of shape"):
+        collect(carry)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

@@ -4,7 +4,8 @@ Stages, each in its own folder under `output_dir` and skipped when its output al
 re-run resumes; the RL runs resume from their checkpoints):
 
 1. `data/train`, `data/eval_<k>x`: scripted episodes (`vlmr collect`); held-out ones at k times the
-   training episode length, to check that the RM holds at the clip lengths the RL loop feeds it.
+   training episode length, to check that the RM holds at the clip lengths the RL loop feeds it. Their
+   reset seeds are disjoint from the training rollouts' and from RL's evaluation seeds (checked).
 2. `rm_stage1/` (optional): a preference RM on ShapesWorld pairs, which grounds colour words in pixels;
    `rm/`: the progress RM trained on the collected episodes, starting from stage 1's backbone;
    `rm_cont<k>/` (optional, `progress_rm_continued`): further progress stages, each from the one before.
@@ -44,6 +45,9 @@ SCRIPTED_REWARDS = {
     ("vlmr/Push-v0", True): "push_marker_progress",
     ("vlmr/Carry-v0", False): "carry_marker_progress_matte",
 }
+# held-out episodes at k x the episode length reset with seeds from collect.seed + k * this: past any training
+# rollout (rollout j resets with collect.seed + j), so no held-out episode starts where a training one did
+HELD_OUT_SEED_STRIDE = 1_000_000
 
 
 def _default_env() -> EnvConfig:
@@ -99,6 +103,7 @@ class PipelineConfig(JobConfig):
     output_dir: Path = Path("runs/pipeline")
     env: EnvConfig = pydantic.Field(default_factory=_default_env)
     collect: CollectConfig = pydantic.Field(default_factory=_default_collect)
+    # held-out episodes per policy: scripted ones or a name of collect.checkpoints (an RL policy's own states)
     eval_episodes: dict[str, int] = {"expert": 8, "noisy": 4, "wrong_object": 4, "random": 4}
     eval_length_factors: list[int] = [1, 2]  # held-out episodes at k x the training episode length
     preference_stage: TrainRMConfig | None = pydantic.Field(default_factory=_default_stage1)  # None: skip
@@ -123,6 +128,32 @@ class PipelineConfig(JobConfig):
                 f"{sorted(SCRIPTED_REWARDS)}): set scripted_reward or drop 'scripted'"
             )
         return self
+
+    @pydantic.model_validator(mode="after")
+    def _held_out_policies_are_known(self) -> PipelineConfig:
+        try:
+            self.collect.model_validate({**self.collect.model_dump(), "episodes": self.eval_episodes})
+        except pydantic.ValidationError as error:
+            raise ValueError(f"eval_episodes: {format_validation_error(error)}") from None
+        return self
+
+    @pydantic.model_validator(mode="after")
+    def _reset_seeds_are_disjoint(self) -> PipelineConfig:
+        ranges = {"collect (training rollouts)": (self.collect.seed, sum(self.collect.episodes.values()))}
+        for factor in self.eval_length_factors:
+            ranges[f"eval_{factor}x (held out)"] = (self.held_out_seed(factor), sum(self.eval_episodes.values()))
+        ranges["rl.eval"] = (self.rl.eval.seed_start, self.rl.eval.episodes)
+        named = sorted(ranges.items(), key=lambda item: item[1][0])
+        for (first, (start, count)), (second, (next_start, _)) in zip(named, named[1:]):
+            if start + count > next_start:
+                raise ValueError(
+                    f"the reset seeds of {first} ({start}..{start + count - 1}) reach into those of {second} (from "
+                    f"{next_start}): the same start states would be in both; move collect.seed or rl.eval.seed_start"
+                )
+        return self
+
+    def held_out_seed(self, factor: int) -> int:
+        return self.collect.seed + HELD_OUT_SEED_STRIDE * factor
 
     @pydantic.model_validator(mode="after")
     def _continued_stages_are_trainer_configs(self) -> PipelineConfig:
@@ -170,7 +201,7 @@ class Pipeline:
                 update={
                     "env": env,
                     "episodes": self.config.eval_episodes,
-                    "seed": base.seed + 1000 * factor,
+                    "seed": self.config.held_out_seed(factor),
                     "relabel_targets": False,  # held out: the instructed target only
                 }
             )

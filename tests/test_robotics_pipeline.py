@@ -83,6 +83,22 @@ def test_a_continued_progress_stage_is_checked_as_a_trainer_config():
         PipelineConfig(progress_rm_continued=[{"optim": {"steps": 5}}, {"optim": {"stpes": 5}}])
 
 
+def test_held_out_policies_are_scripted_or_collect_checkpoints():
+    with pytest.raises(ValueError, match=r"eval_episodes: .*\['trained'\]"):
+        PipelineConfig(eval_episodes={"expert": 2, "trained": 2})
+    PipelineConfig(eval_episodes={"trained": 2}, collect={"checkpoints": {"trained": {"path": "model.zip"}}})
+
+
+def test_held_out_and_rl_evaluation_seeds_never_reset_a_training_rollout_start():
+    config = PipelineConfig(collect={"episodes": {"expert": 2400}}, eval_length_factors=[1, 2])
+    starts = {config.held_out_seed(1), config.held_out_seed(2), config.rl.eval.seed_start}
+    assert min(starts) >= config.collect.seed + 2400
+    with pytest.raises(ValueError, match=r"collect \(training rollouts\) \(0..11999\) reach into those of rl.eval"):
+        PipelineConfig(collect={"episodes": {"expert": 12000}})
+    with pytest.raises(ValueError, match=r"rl.eval \(999990..1000009\) reach into those of eval_1x"):
+        PipelineConfig(rl={"eval": {"seed_start": 999_990, "episodes": 20}})
+
+
 def test_rollout_voc_gives_a_goal_conditioned_reward_the_goal_render(tmp_path):
     config = PipelineConfig(output_dir=str(tmp_path), env={"width": 32, "height": 32, "max_episode_steps": 8})
     env = make_env(config.env)

@@ -125,3 +125,21 @@ def test_step_correlation_at_clip_frames_shows_an_rm_that_holds_only_at_its_trai
     metrics = run_eval(config.model_copy(update={"clip_frames": 8}))
     assert metrics["step_correlation_at_clip_frames"] > 0.95
     assert metrics["step_correlation"] < 0.5
+
+
+def test_step_correlation_per_policy_shows_where_the_steps_go_wrong(tmp_path):
+    """The reward reads brightness; only the expert's frames show its progress, the trained policy's do not."""
+    rng = np.random.default_rng(1)
+    records = []
+    for i in range(16):
+        label = np.clip(np.cumsum(rng.uniform(-0.05, 0.2, 8)), 0, 1).astype(np.float32)
+        policy = "expert" if i % 2 else "trained"
+        shown = label if policy == "expert" else rng.uniform(0, 1, 8)
+        frames = np.broadcast_to((shown * 255).astype(np.uint8)[:, None, None, None], (8, 8, 8, 3)).copy()
+        records.append(EpisodeRecord(i, "reach the red target", frames, label, policy == "expert", policy))
+    write_episodes(tmp_path / "episodes", records)
+    reward = {"kind": "function", "function": "tests.test_evaluate:short_sighted", "dense": True}
+    metrics = run_eval(EvalRMConfig(reward=reward, episodes=tmp_path / "episodes", output_dir=tmp_path / "eval"))
+    assert metrics["step_correlation_policy_expert"] > 0.99
+    assert abs(metrics["step_correlation_policy_trained"]) < 0.3
+    assert metrics["step_correlation_policy_trained"] < metrics["step_correlation"] < 0.99

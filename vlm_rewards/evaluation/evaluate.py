@@ -160,10 +160,7 @@ def evaluate_progress(
         # how much the final reward moves at all when the instruction changes: near 0, the RM ignores the text
         # (an accuracy near ½ cannot tell ignoring from noisy use)
         "instruction_sensitivity": _nanmean(np.abs(matched_rewards - mismatched_rewards)[both_scored]),
-        **{
-            f"reward_policy_{policy}": _nanmean(final_rewards[[rec.policy == policy for rec in records]])
-            for policy in sorted({rec.policy for rec in records if rec.policy})
-        },
+        **_per_policy(records, results, final_rewards),
         "num_episodes": len(records),
         "num_expert_episodes": len(experts),
         "num_unscored_frames": int(sum(np.isnan(r.progress).sum() for r in results)),
@@ -242,6 +239,19 @@ def run_eval(config: EvalRMConfig, track: Track | None = None, reward: RewardMod
         "%s: %s", metrics["reward"], ", ".join(f"{k}={v:.3f}" for k, v in metrics.items() if isinstance(v, float))
     )
     logger.info("wrote %s", config.output_dir / "metrics.json")
+    return metrics
+
+
+def _per_policy(records: list, results: list, final_rewards: np.ndarray) -> dict[str, float]:
+    """The mean final reward each policy earns, and how well the steps follow the labels on its episodes
+    (a policy's own states: an RL policy's rollouts, where shaping needs the steps right)."""
+    metrics = {}
+    for policy in sorted({record.policy for record in records if record.policy}):
+        mine = [i for i, record in enumerate(records) if record.policy == policy]
+        metrics[f"reward_policy_{policy}"] = _nanmean(final_rewards[mine])
+        metrics[f"step_correlation_policy_{policy}"] = step_correlation(
+            [results[i].progress for i in mine], [records[i].progress for i in mine]
+        )
     return metrics
 
 

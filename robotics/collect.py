@@ -83,32 +83,31 @@ def load_checkpoint_policies(config: CollectConfig) -> dict[str, Callable[[np.nd
     from stable_baselines3.common.utils import set_random_seed
 
     algorithms = {"ppo": PPO, "sac": SAC}
+    used = {name: checkpoint for name, checkpoint in config.checkpoints.items() if config.episodes.get(name, 0)}
+    if not used:
+        return {}
+    env = gym.make(config.env.id, num_distractors=config.env.num_distractors)
+    env_shape = env.observation_space.shape
+    env.close()
     policies = {}
     set_random_seed(config.seed)  # the policies sample their actions with torch's global generator
-    for name, checkpoint in config.checkpoints.items():
-        if config.episodes.get(name, 0) == 0:
-            continue
+    for name, checkpoint in used.items():
         if not Path(checkpoint.path).is_file():
             raise FileNotFoundError(
                 f"collect: checkpoints.{name}.path {checkpoint.path!r} is not a file (an SB3 model.zip)"
             )
         model = algorithms[checkpoint.algo].load(checkpoint.path, device="cpu")
-        _check_observation_space(name, model.observation_space, config)
+        if model.observation_space.shape != env_shape:
+            raise ValueError(
+                f"collect: checkpoints.{name} takes observations of shape {model.observation_space.shape}; "
+                f"{config.env.id} with num_distractors={config.env.num_distractors} gives {env_shape}"
+            )
         policies[name] = partial(_checkpoint_action, model, checkpoint.deterministic)
     return policies
 
 
 def _checkpoint_action(model, deterministic: bool, obs: np.ndarray) -> np.ndarray:
     return model.predict(obs, deterministic=deterministic)[0].astype(np.float32)
-
-
-def _check_observation_space(name: str, space, config: CollectConfig) -> None:
-    env_space = gym.make(config.env.id, num_distractors=config.env.num_distractors).observation_space
-    if space.shape != env_space.shape:
-        raise ValueError(
-            f"collect: checkpoints.{name} takes observations of shape {space.shape}; {config.env.id} with "
-            f"num_distractors={config.env.num_distractors} gives {env_space.shape}"
-        )
 
 
 def _run_batch(envs, expert, trained, policies: list[str], config: CollectConfig, rng, seed: int) -> Iterator[Rollout]:

@@ -321,12 +321,17 @@ class Pipeline:
 # ---------------------------------------------------------------------- report
 
 
-def success_statistics(run_dirs: list[Path]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Eval steps and the mean and std of the success rate over runs (on the steps all runs share)."""
+def success_rates(run_dirs: list[Path]) -> tuple[np.ndarray, np.ndarray]:
+    """The eval steps all runs share, and each run's success rate at them (runs × steps)."""
     histories = [{e["timesteps"]: e["success_rate"] for e in read_jsonl(d / "eval.jsonl")} for d in run_dirs]
     steps = sorted(set.intersection(*(set(h) for h in histories)))
-    rates = np.array([[h[s] for s in steps] for h in histories])
-    return np.array(steps), rates.mean(axis=0), rates.std(axis=0)
+    return np.array(steps), np.array([[h[s] for s in steps] for h in histories])
+
+
+def success_statistics(run_dirs: list[Path]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Eval steps and the mean and std of the success rate over runs (on the steps all runs share)."""
+    steps, rates = success_rates(run_dirs)
+    return steps, rates.mean(axis=0), rates.std(axis=0)
 
 
 def steps_to_reach(steps: np.ndarray, rates: np.ndarray, level: float = 0.8) -> int | None:
@@ -366,23 +371,73 @@ def _voc_ends(histories: list[list[dict]]) -> tuple[float, float]:
     return float(np.mean(first)), float(np.mean(last))
 
 
+def plot_success_curves(runs: dict[str, list[Path]], path: Path) -> None:
+    """Mean ± std success rate over each label's runs, one curve a label."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    for label, run_dirs in runs.items():
+        steps, mean, std = success_statistics(run_dirs)
+        axis.plot(steps, mean, marker="o", markersize=3, label=f"{label} ({len(run_dirs)} seeds)")
+        axis.fill_between(steps, mean - std, mean + std, alpha=0.15)
+    axis.set(xlabel="env steps", ylabel="success rate (eval seeds)", ylim=(-0.05, 1.05))
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def success_summary(run_dirs: list[Path]) -> dict:
+    """What the report's RL table says of one condition's runs."""
+    steps, rates = success_rates(run_dirs)
+    mean = rates.mean(axis=0)
+    return {
+        "seeds": len(run_dirs),
+        "final_mean": float(mean[-1]),
+        "final_std": float(rates[:, -1].std()),
+        "final_per_seed": rates[:, -1].tolist(),
+        "best_mean": float(mean.max()),
+        "steps_to_80": steps_to_reach(steps, mean),
+    }
+
+
+SUCCESS_TABLE_HEADER = [
+    "| reward | seeds | final success (mean ± std) | per seed | best | steps to 80 % |",
+    "| --- | --- | --- | --- | --- | --- |",
+]
+
+
+def success_table_row(label: str, entry: dict) -> str:
+    per_seed = ", ".join(f"{rate:.2f}" for rate in entry["final_per_seed"])
+    return (
+        f"| {label} | {entry['seeds']} | {entry['final_mean']:.2f} ± {entry['final_std']:.2f} | {per_seed} | "
+        f"{entry['best_mean']:.2f} | {_fmt(entry['steps_to_80'])} |"
+    )
+
+
+def compare_runs(curves: dict[str, list[Path]], output: Path) -> str:
+    """Success curves of RL runs from any pipelines in one PNG, and their table as markdown."""
+    for label, run_dirs in curves.items():
+        missing = [str(d) for d in run_dirs if not (d / "eval.jsonl").is_file()]
+        if not run_dirs or missing:
+            raise ValueError(f"{label}: expected RL run directories with an eval.jsonl, got {missing or 'none'}")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    plot_success_curves(curves, output)
+    return "\n".join(
+        [*SUCCESS_TABLE_HEADER, *(success_table_row(label, success_summary(d)) for label, d in curves.items())]
+    )
+
+
 def _plot(root: Path, runs: dict[str, list[Path]], voc_history: dict[str, list[dict]]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axis = plt.subplots(figsize=(6, 4))
-    for condition, run_dirs in runs.items():
-        steps, mean, std = success_statistics(run_dirs)
-        axis.plot(steps, mean, marker="o", label=f"{condition} ({len(run_dirs)} seeds)")
-        axis.fill_between(steps, mean - std, mean + std, alpha=0.2)
-    axis.set(xlabel="env steps", ylabel="success rate (eval seeds)", ylim=(-0.05, 1.05))
-    axis.legend()
-    figure.tight_layout()
-    figure.savefig(root / "success_curves.png", dpi=100)
-    plt.close(figure)
-
+    plot_success_curves(runs, root / "success_curves.png")
     learned = [d for d in runs.get("learned", []) if (d / "monitor.jsonl").is_file()]
     if learned:
         figure, axis = plt.subplots(figsize=(6, 4))
@@ -483,26 +538,15 @@ def write_report(
         "",
         "![success](success_curves.png)",
         "",
-        "| reward | seeds | final success (mean ± std) | best | steps to 80 % |",
-        "| --- | --- | --- | --- | --- |",
+        *SUCCESS_TABLE_HEADER,
     ]
     summary: dict = {"reward_model": rm_metrics, "rl": {}, "rollout_voc": voc_history}
     for condition, run_dirs in runs.items():
-        steps, mean, std = success_statistics(run_dirs)
-        entry = {
-            "seeds": len(run_dirs),
-            "final_mean": float(mean[-1]),
-            "final_std": float(std[-1]),
-            "best_mean": float(mean.max()),
-            "steps_to_80": steps_to_reach(steps, mean),
-        }
+        entry = success_summary(run_dirs)
+        lines.append(success_table_row(condition, entry))
         if condition == "learned":
             entry["hacking"] = {d.name: hacking_check(d, hacking_rise) for d in run_dirs}
         summary["rl"][condition] = entry
-        lines.append(
-            f"| {condition} | {len(run_dirs)} | {mean[-1]:.2f} ± {std[-1]:.2f} | {mean.max():.2f} | "
-            f"{_fmt(entry['steps_to_80'])} |"
-        )
     if "learned" in summary["rl"]:
         lines += [
             "",

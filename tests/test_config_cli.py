@@ -8,7 +8,7 @@ import yaml
 from typer.testing import CliRunner
 
 from vlm_rewards.cli import app
-from vlm_rewards.config import apply_overrides, load_job_config, safe_load_strict
+from vlm_rewards.config import apply_overrides, load_job_config, load_yaml_file, safe_load_strict
 from vlm_rewards.demo import DemoConfig
 
 runner = CliRunner()
@@ -118,6 +118,35 @@ def test_duplicate_yaml_keys_are_errors_naming_file_line_and_key(tmp_path):
     merged = safe_load_strict("base: &b {p: 1, q: 2}\nrun:\n  <<: *b\n  p: 3\n")
     assert merged["run"] == {"p": 3, "q": 2}
     assert safe_load_strict("a: [1, {b: 2}]\n") == {"a": [1, {"b": 2}]}
+
+
+def test_a_config_extends_another_section_by_section(tmp_path):
+    (tmp_path / "base").mkdir()
+    (tmp_path / "base" / "root.yaml").write_text("a: {x: 1, y: 2}\nitems: [1, 2]\nkeep: 0\n")
+    (tmp_path / "base" / "middle.yaml").write_text("extends: root.yaml\na: {y: 3}\n")
+    (tmp_path / "leaf.yaml").write_text("extends: base/middle.yaml\na: {z: 4}\nitems: [9]\n")
+    assert load_yaml_file(tmp_path / "leaf.yaml") == {"a": {"x": 1, "y": 3, "z": 4}, "items": [9], "keep": 0}
+    (tmp_path / "demo.yaml").write_text("extends: demo_base.yaml\nseed: 5\n")
+    (tmp_path / "demo_base.yaml").write_text("seed: 1\nnum_frames: 4\n")
+    config = load_job_config(DemoConfig, tmp_path / "demo.yaml")
+    assert (config.seed, config.num_frames, config.clips_per_policy) == (5, 4, DemoConfig().clips_per_policy)
+
+
+@pytest.mark.parametrize(
+    "files, message",
+    [
+        ({"leaf.yaml": "extends: gone.yaml\n"}, r"leaf.yaml: extends gone.yaml: .*gone.yaml: no such config file"),
+        ({"leaf.yaml": "extends: [a.yaml]\n"}, r"leaf.yaml: extends: expected the path of a YAML file"),
+        ({"leaf.yaml": "extends: other.yaml\n", "other.yaml": "extends: leaf.yaml\n"}, r"extends makes a cycle"),
+        ({"leaf.yaml": "extends: leaf.yaml\n"}, r"extends makes a cycle"),
+        ({"leaf.yaml": "extends: bad.yaml\n", "bad.yaml": "- 1\n"}, r"bad.yaml: expected a YAML mapping"),
+    ],
+)
+def test_bad_extends(tmp_path, files, message):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    with pytest.raises(ValueError, match=message):
+        load_yaml_file(tmp_path / "leaf.yaml")
 
 
 JOB_CONFIGS = {

@@ -133,6 +133,15 @@ def test_success_statistics_average_the_steps_all_seeds_share(tmp_path):
     np.testing.assert_allclose(std, [0.0, 0.1, 0.05])
     assert steps_to_reach(steps, mean) == 300 and steps_to_reach(steps, mean, level=0.99) is None
 
+    table = runner.invoke(app, ["compare-rl", str(tmp_path / "cmp.png"), f"mine={tmp_path}/run*", f"one={runs[0]}"])
+    assert table.exit_code == 0, table.output
+    assert "| mine | 2 | 0.95 ± 0.05 | 1.00, 0.90 | 0.95 | 300 |" in table.output
+    assert "| one | 1 | 1.00 ± 0.00 | 1.00 | 1.00 | 300 |" in table.output
+    assert (tmp_path / "cmp.png").stat().st_size > 0
+    for curve, message in [(f"none={tmp_path}/nothing*", "none: expected RL run directories"), ("x", "label=glob")]:
+        failed = runner.invoke(app, ["compare-rl", str(tmp_path / "bad.png"), curve])
+        assert failed.exit_code == 2 and message in failed.output
+
 
 def test_hacking_check_flags_learned_progress_up_with_success_flat(tmp_path):
     def monitor(progress):

@@ -8,6 +8,7 @@ file or key; `score` skips a bad clip, reports it and exits 2 after scoring the 
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
 from collections.abc import Callable, Iterable, Iterator
@@ -272,6 +273,27 @@ def rl(args: JobArgs = None) -> None:
     from robotics.rl import run_rl
 
     run_config_job(RLConfig, lambda config: console.print(run_rl(config)), args)
+
+
+@app.command("compare-rl")
+def compare_rl(
+    output: Annotated[Path, typer.Argument(help="The PNG to write.")],
+    curves: Annotated[
+        list[str], typer.Argument(help="label=glob of RL run directories, e.g. 'v4 RM=runs/carry_v4/rl/learned_seed*'.")
+    ],
+) -> None:
+    """Success curves of RL runs from several pipelines in one plot, and their table (markdown) on stdout."""
+    from robotics.pipeline import compare_runs
+
+    with clean_errors():
+        typer.echo(compare_runs(dict(_labelled_runs(curve) for curve in curves), output))
+
+
+def _labelled_runs(curve: str) -> tuple[str, list[Path]]:
+    label, separator, pattern = curve.partition("=")
+    if not separator or not label or not pattern:
+        raise ValueError(f"curve {curve!r}: expected label=glob, e.g. 'dense=runs/carry_v1/rl/dense_seed*'")
+    return label, sorted(Path(match) for match in glob.glob(pattern))
 
 
 @app.command()

@@ -6,6 +6,9 @@ has a default, so a job also runs with no file at all (the embedded defaults).
 
 YAML files are read strictly (`safe_load_strict`): a key given twice in one mapping is an error naming
 the file, line and key, not "the last one wins".
+
+A file may start from another: `extends: carry_v3.yaml` (a path relative to the file) loads that file
+first and merges this one over it, section by section; a list or a value replaces the base's whole.
 """
 
 from __future__ import annotations
@@ -62,8 +65,29 @@ def safe_load_strict(text: str, origin: str = "<yaml>") -> Any:
 
 
 def load_yaml_file(path: str | Path) -> dict[str, Any]:
-    """A YAML file whose top level is a mapping, read with `safe_load_strict`; errors name the file."""
-    path = Path(path)
+    """A YAML mapping read with `safe_load_strict`, merged over the file it `extends`; errors name the file."""
+    return _load_extending(Path(path), chain=())
+
+
+def _load_extending(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
+    loaded = _load_mapping(path)
+    base = loaded.pop("extends", None)
+    if base is None:
+        return loaded
+    if not isinstance(base, str) or not base:
+        raise ValueError(f"{path}: extends: expected the path of a YAML file, got {base!r}")
+    base_path = (path.parent / base).resolve()
+    chain = (*chain, path.resolve())
+    if base_path in chain:
+        cycle = " -> ".join(str(step) for step in (*chain, base_path))
+        raise ValueError(f"{path}: extends makes a cycle ({cycle})")
+    try:
+        return deep_merge(_load_extending(base_path, chain), loaded)
+    except ValueError as error:
+        raise ValueError(f"{path}: extends {base}: {error}") from None
+
+
+def _load_mapping(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ValueError(f"{path}: no such config file")
     try:

@@ -9,6 +9,8 @@ the file, line and key, not "the last one wins".
 
 A file may start from another: `extends: carry_v3.yaml` (a path relative to the file) loads that file
 first and merges this one over it, section by section; a list or a value replaces the base's whole.
+Paths inside the base that are relative to its folder (a composite reward's parts) are then read relative
+to the extending file's folder.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """`vlmr collect`: scripted rollouts of the tasks written as an episode dataset (data/README.md).
 
 Policies: `expert`, `noisy` (expert + Gaussian action noise), `wrong_object` (the expert for a
-distractor: a failure that looks competent), `random`, and trained SB3 policies (`checkpoints`): an RL
-run's own states, e.g. to teach a reward model the states its policies reach. Episodes run the full time limit (no
-termination on success), `num_envs` at a time in a gymnasium vector env; episode j is reset with
-seed `seed + j`, so a config fixes the dataset.
+distractor: a failure that looks competent), `random`, `detour` (the expert after a random waypoint),
+and trained SB3 policies (`checkpoints`): an RL run's own states, e.g. to teach a reward model the
+states its policies reach. Episodes run the full time limit (no termination on success), `num_envs`
+at a time in a gymnasium vector env; episode j is reset with seed `seed + j`, so a config fixes the
+dataset.
 
 Progress labels (`progress_label`):
 - `geometric`: the env's task progress per frame (right for every policy, failures included);
@@ -29,7 +30,7 @@ from gymnasium.envs.registration import load_env_creator
 
 from robotics.config import CollectConfig
 from robotics.envs import make_gym_vector
-from robotics.experts import make_expert, pick_wrong_target, scripted_action
+from robotics.experts import detour_reached, detour_waypoint, make_expert, pick_wrong_target, scripted_action
 from robotics.reward_wrapper import unstack_infos
 from vlm_rewards.data.episodes import EpisodeDataset, EpisodeRecord, write_episodes
 from vlm_rewards.data.labels import stage_budget_progress, visual_change
@@ -121,15 +122,17 @@ def _run_batch(envs, expert, trained, policies: list[str], config: CollectConfig
     policies = policies + ["random"] * (num_envs - len(policies))  # spare envs of a last, short batch
     noises = [config.noise if policy == "noisy" else 0.0 for policy in policies]
     wrong = [pick_wrong_target(expert, o, rng) for o in obs]
+    waypoints = [detour_waypoint(expert, rng) if policy == "detour" else None for policy in policies]
     done = np.zeros(num_envs, bool)
     while not done.all():
         actions = np.stack(
             [
-                trained[p](o) if p in trained else scripted_action(expert, _base_policy(p), o, rng, n, w)
-                for p, o, n, w in zip(policies, obs, noises, wrong)
+                trained[p](o) if p in trained else scripted_action(expert, _base_policy(p), o, rng, n, w, d)
+                for p, o, n, w, d in zip(policies, obs, noises, wrong, waypoints)
             ]
         )
         obs, _, terminated, truncated, infos = envs.step(actions)
+        waypoints = [detour_reached(o, waypoint) for o, waypoint in zip(obs, waypoints)]
         for i, info in enumerate(unstack_infos(infos, num_envs)[: len(rollouts)]):
             if not done[i]:
                 for name, frame in info["frames"].items():

@@ -3,6 +3,9 @@
 - `expert`: solves the task; `noise` adds Gaussian action noise (std in action units).
 - `wrong_object`: the expert for a distractor (another target / block / zone), a failure that looks competent.
 - `random`: uniform actions.
+- `detour`: the expert after a detour through a random point of the workspace (drawn per episode,
+  `detour_waypoint`): its frames cover the table off the expert's straight lines, in every stage the
+  detour crosses (Carry: the block is picked up wherever the path meets it, and carried on).
 
 An env may bring its own scripted policy as `env.unwrapped.expert()` (an object with `act(obs)` and
 `action_size`, e.g. Meta-World's in robotics/metaworld.py); it has no distractors, so no `wrong_object`.
@@ -12,10 +15,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from robotics.tasks import BLOCK_HALF, EE_RADIUS, CarryEnv, PushEnv, ReachEnv
+from robotics.tasks import BLOCK_HALF, EE_RADIUS, WORKSPACE, CarryEnv, PushEnv, ReachEnv
 
-POLICIES = ("expert", "noisy", "wrong_object", "random")
+POLICIES = ("expert", "noisy", "wrong_object", "random", "detour")
 GAIN = 12.0  # action per metre of position error; saturates beyond ~8 cm
+DETOUR_REACHED = 0.03  # the detour ends once the effector is this close to its waypoint
 
 
 def _towards(ee: np.ndarray, point: np.ndarray, gain: float = GAIN) -> np.ndarray:
@@ -126,18 +130,34 @@ def scripted_action(
     rng: np.random.Generator,
     noise: float = 0.0,
     wrong_target: int | None = None,
+    waypoint: np.ndarray | None = None,
 ) -> np.ndarray:
-    """One action of `policy` for one observation. `wrong_target`: the distractor `wrong_object` goes for."""
+    """One action of `policy` for one observation. `wrong_target`: the distractor `wrong_object` goes for;
+    `waypoint`: where `detour` still goes before acting as the expert (None once reached)."""
     if policy == "random":
         return rng.uniform(-1.0, 1.0, size=expert.action_size).astype(np.float32)
     if policy not in POLICIES:
         raise ValueError(f"policy {policy!r}; expected one of {POLICIES}")
     if policy == "wrong_object" and wrong_target is None:
         raise ValueError(f"wrong_object: the task of {type(expert).__name__} has no distractor to go for")
+    if policy == "detour" and waypoint is not None:
+        return _towards(obs[0:2], waypoint).astype(np.float32)
     action = expert.act(obs, target=wrong_target if policy == "wrong_object" else None)
     if noise > 0:
         action = action + rng.normal(0.0, noise, size=expert.action_size)
     return np.clip(action, -1.0, 1.0).astype(np.float32)
+
+
+def detour_waypoint(expert: Expert, rng: np.random.Generator) -> np.ndarray:
+    """A `detour` episode's waypoint: uniform over the workspace."""
+    if not isinstance(expert, Expert):
+        raise ValueError(f"detour: needs a vlmr task's expert (the effector at obs[0:2]), got {type(expert).__name__}")
+    return rng.uniform(-WORKSPACE, WORKSPACE, size=2)
+
+
+def detour_reached(obs: np.ndarray, waypoint: np.ndarray | None) -> np.ndarray | None:
+    """The waypoint still to visit after this observation: None once the effector is there."""
+    return None if waypoint is None or np.linalg.norm(obs[0:2] - waypoint) < DETOUR_REACHED else waypoint
 
 
 def pick_wrong_target(expert: Expert, obs: np.ndarray, rng: np.random.Generator) -> int | None:

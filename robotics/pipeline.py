@@ -9,6 +9,7 @@ re-run resumes; the RL runs resume from their checkpoints):
 2. `rm_stage1/` (optional): a preference RM on ShapesWorld pairs, which grounds colour words in pixels;
    `rm/`: the progress RM trained on the collected episodes, starting from stage 1's backbone;
    `rm_cont<k>/` (optional, `progress_rm_continued`): further progress stages, each from the one before.
+   With `reward_window`, every later stage reads the last model frame by frame (a `frame_window` reward).
 3. `eval_rm_<k>x/`: `vlmr eval-rm` of the RM on the held-out episodes (VOC, instruction use, the reward
    each scripted policy earns, wrong-object behaviour included).
 4. `rl/<condition>_seed<s>/`: `vlmr rl` per reward condition (sparse | dense | learned | goal_image |
@@ -96,6 +97,14 @@ def _default_rl() -> RLConfig:
     )
 
 
+class RewardWindow(pydantic.BaseModel, extra="forbid"):
+    """The RM read frame by frame (`frame_window` reward): frame t scored as the clip [frame 0] + the last
+    `window` frames up to t, so the potential is a function of what the frames show, not of the path."""
+
+    window: int = pydantic.Field(1, ge=1)
+    keep_first: bool = True
+
+
 class PipelineConfig(JobConfig):
     """Every knob of the stages; `env` is shared by collection and RL. Trainer and RL sections are the
     `vlmr train-rm` / `vlmr rl` configs (their output folders and data paths are set by the pipeline)."""
@@ -112,6 +121,7 @@ class PipelineConfig(JobConfig):
     # the model of the stage before, e.g. {optim: {steps: 3000, lr: 3.0e-4}, data: {clip_frames: null}}: whole
     # episodes after 8-frame clips. The RL conditions use the last stage's model
     progress_rm_continued: list[dict] = []
+    reward_window: RewardWindow | None = None  # None: the RM streams whole episodes (its context grows with t)
     rl: RLConfig = pydantic.Field(default_factory=_default_rl)
     conditions: list[Condition] = ["sparse", "dense", "learned", "scripted"]
     scripted_reward: str | None = None  # reward YAML (path or shipped name) of `scripted`; None: SCRIPTED_REWARDS
@@ -238,6 +248,8 @@ class Pipeline:
             "device": config.rl.device,
             "batch_size": 16,
         }
+        if config.reward_window is not None:
+            spec = {"kind": "frame_window", "reward": spec, **config.reward_window.model_dump()}
         reward_yaml.write_text(yaml.safe_dump(spec, sort_keys=False))
         return reward_yaml
 

@@ -5,9 +5,16 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-import robotics.tasks  # noqa: F401 - registers vlmr/*
-from robotics.experts import make_expert, pick_wrong_target, scripted_action
+from robotics.experts import (
+    DETOUR_REACHED,
+    detour_reached,
+    detour_waypoint,
+    make_expert,
+    pick_wrong_target,
+    scripted_action,
+)
 from robotics.frames import CameraFrames
+from robotics.tasks import WORKSPACE  # the import registers vlmr/*
 
 TASKS = ["vlmr/Reach-v0", "vlmr/Push-v0", "vlmr/Carry-v0"]
 
@@ -312,3 +319,25 @@ def test_the_scripted_marker_reward_reads_the_task_frames(table, env_id, highlig
                 assert result.reward == pytest.approx(truth[-1], abs=0.1)
     assert min(finals["expert"]) > expert_floor
     assert np.mean(finals["wrong_object"]) < np.mean(finals["expert"]) - 0.3
+
+
+def test_detour_goes_through_its_waypoint_then_acts_as_the_expert():
+    env, rng = gym.make("vlmr/Carry-v0", max_episode_steps=100), np.random.default_rng(0)
+    expert = make_expert(env)
+    obs, _ = env.reset(seed=3)
+    waypoint = start = detour_waypoint(expert, rng)
+    assert np.all(np.abs(start) <= WORKSPACE)
+    closest, steps_to_it = np.inf, None
+    for step in range(100):
+        action = scripted_action(expert, "detour", obs, rng, waypoint=waypoint)
+        if waypoint is None:
+            np.testing.assert_array_equal(action, scripted_action(expert, "expert", obs, rng))
+        obs, _, terminated, _, info = env.step(action)
+        closest = min(closest, float(np.linalg.norm(obs[0:2] - start)))
+        waypoint = detour_reached(obs, waypoint)
+        steps_to_it = step if waypoint is None and steps_to_it is None else steps_to_it
+        if terminated:
+            break
+    assert closest < DETOUR_REACHED and steps_to_it is not None and info["is_success"]
+    with pytest.raises(ValueError, match="detour: needs a vlmr task's expert"):
+        detour_waypoint(object(), rng)

@@ -25,6 +25,7 @@ REDUCED = [
     "rl.total_timesteps=80", "rl.eval.every=40", "rl.eval.episodes=2", "rl.sac.learning_starts=20",
     "conditions=[sparse, learned, goal_image, scripted]", "env.sparse_step_cost=1",
     "progress_rm_continued=[{optim: {steps: 2}, data: {clip_frames: null}}]",
+    "reward_window={window: 2}",
 ]  # fmt: skip
 
 
@@ -54,6 +55,9 @@ def test_pipeline_runs_every_stage_then_resumes_without_redoing_them(tmp_path):
     assert (continued["optim"]["steps"], continued["data"]["train"]) == (2, str(out / "data" / "train"))
     learned = yaml.safe_load((out / "rl" / "learned_seed0" / "config.yaml").read_text())
     assert learned["reward"]["config"] == str(out / "rm_cont1" / "reward.yaml")  # RL uses the last stage
+    windowed = yaml.safe_load((out / "rm_cont1" / "reward.yaml").read_text())  # read frame by frame
+    assert (windowed["kind"], windowed["window"], windowed["keep_first"]) == ("frame_window", 2, True)
+    assert windowed["reward"]["model"] == str((out / "rm_cont1" / "model").resolve())
     assert "| learned | 1 |" in (out / "report.md").read_text()
     assert "| step_correlation_at_clip_frames |" in (out / "report.md").read_text()
 

@@ -27,6 +27,7 @@ _BUILTIN_KINDS = {
     "motion_penalty": "vlm_rewards.rewards.rules:MotionPenalty",
     "marker_progress": "vlm_rewards.rewards.rules:MarkerProgress",
     "composite": "vlm_rewards.rewards.composite:CompositeReward",
+    "frame_window": "vlm_rewards.rewards.window:FrameWindowReward",
     "embedding_goal": "vlm_rewards.models.embedding:EmbeddingGoalReward",
     "trained_rm": "vlm_rewards.models.reward_network:TrainedRewardModel",
     "vlm_judge": "vlm_rewards.models.judge:YesNoJudge",

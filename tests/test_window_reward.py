@@ -5,6 +5,7 @@ import pytest
 
 from vlm_rewards.interface import RewardRequest, RewardResult
 from vlm_rewards.registry import build_reward
+from vlm_rewards.rewards.composite import CompositeReward
 from vlm_rewards.rewards.function import FunctionReward
 from vlm_rewards.rewards.rules import GoalPixelProgress
 from vlm_rewards.rewards.window import FrameWindowReward
@@ -65,6 +66,15 @@ def test_a_session_streams_the_same_values_with_constant_work_per_frame():
 def test_frame_window_conforms(history_dependent):
     inner = SIGNATURE if history_dependent else GoalPixelProgress()
     check_reward(FrameWindowReward(inner, window=2))
+
+
+def test_a_window_over_a_composite_keeps_its_components(expert_requests):
+    parts = CompositeReward([GoalPixelProgress(), GoalPixelProgress(name="again")], [0.5, 0.5])
+    reward = FrameWindowReward(parts)
+    check_reward(reward)
+    (result,) = reward.score(expert_requests[:1])
+    assert reward.spec.components == ("goal_pixel_progress", "again")
+    assert result.components["again"] == pytest.approx(result.progress[-1])
 
 
 def test_builds_from_yaml_with_a_path_relative_to_it(tmp_path):

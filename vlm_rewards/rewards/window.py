@@ -152,7 +152,9 @@ def _select(request: RewardRequest, indices: list[int]) -> RewardRequest:
 
 
 def _per_frame(window_results: list[RewardResult]) -> RewardResult:
-    """One request's result from the results of its frames' clips (each read at its last frame)."""
+    """One request's result from the results of its frames' clips (each read at its last frame); the
+    reward and a composite's components are the last frame's, as its progress is."""
     progress = np.array([result.progress[-1] for result in window_results], dtype=np.float64)
     errors = sorted({result.error for result in window_results if result.error})
-    return RewardResult(reward=float(progress[-1]), progress=progress, error="; ".join(errors) or None)
+    last = window_results[-1]
+    return RewardResult(float(progress[-1]), progress, last.components, error="; ".join(errors) or None)

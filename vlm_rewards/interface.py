@@ -297,11 +297,7 @@ class RescoringSession(RewardSession):
     def append(
         self, frames: Sequence[np.ndarray], views: Sequence[Mapping[str, np.ndarray]] | None = None
     ) -> list[np.ndarray]:
-        views = [{}] * len(frames) if views is None else list(views)
-        if not len(frames) == len(views) == len(self._streams):
-            raise ValueError(
-                f"append: {len(frames)} frame arrays and {len(views)} view dicts for {len(self._streams)} streams"
-            )
+        views = append_views(frames, views, len(self._streams))
         for i, (stream, new, new_views) in enumerate(zip(self._streams, frames, views)):
             stream.extend(new, new_views, f"frames[{i}]")
         requests, owners = [], []
@@ -322,6 +318,16 @@ class RescoringSession(RewardSession):
             else:
                 values[stream_index].append(result.reward)
         return [np.asarray(v, dtype=np.float64) for v in values]
+
+
+def append_views(
+    frames: Sequence[np.ndarray], views: Sequence[Mapping[str, np.ndarray]] | None, num_streams: int
+) -> list[Mapping[str, np.ndarray]]:
+    """`append`'s arguments checked: one frame array and one view dict (none given: empty) per stream."""
+    views = [{}] * len(frames) if views is None else list(views)
+    if not len(frames) == len(views) == num_streams:
+        raise ValueError(f"append: {len(frames)} frame arrays and {len(views)} view dicts for {num_streams} streams")
+    return views
 
 
 def stream_references(texts: Sequence[str], references: Sequence[np.ndarray | None] | None) -> list[np.ndarray | None]:

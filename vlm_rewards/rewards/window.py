@@ -29,6 +29,7 @@ from vlm_rewards.interface import (
     RewardRequest,
     RewardResult,
     RewardSession,
+    append_views,
     stream_references,
     validate_clip,
 )
@@ -103,11 +104,7 @@ class FrameWindowSession(RewardSession):
     def append(
         self, frames: Sequence[np.ndarray], views: Sequence[Mapping[str, np.ndarray]] | None = None
     ) -> list[np.ndarray]:
-        views = [{}] * len(frames) if views is None else list(views)
-        if not len(frames) == len(views) == len(self._streams):
-            raise ValueError(
-                f"append: {len(frames)} frame arrays and {len(views)} view dicts for {len(self._streams)} streams"
-            )
+        views = append_views(frames, views, len(self._streams))
         for i, new in enumerate(frames):  # refused before any stream moves on
             validate_clip(new, f"frames[{i}]", self.owner.spec)
         clips, counts = [], []

@@ -1,5 +1,7 @@
 """`frame_window`: any dense reward scored frame by frame in short clips of its own."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -42,21 +44,25 @@ def test_each_frame_is_scored_in_its_own_window(window, keep_first):
     assert reward.spec.causal and reward.spec.dense and not SIGNATURE.spec.causal
 
 
-def test_a_session_streams_the_same_values_with_constant_work_per_frame():
+def test_a_session_streams_the_same_values_with_constant_work_per_frame(monkeypatch):
     reward = FrameWindowReward(SIGNATURE, window=2)
     clips = [numbered_clip(7), numbered_clip(4)]
     expected = [result.progress for result in reward.score([RewardRequest(clip, "t") for clip in clips])]
     calls = []
     original = SIGNATURE.score
-    SIGNATURE.score = lambda requests: calls.append(max(r.num_frames for r in requests)) or original(requests)
-    try:
-        with reward.open_session(["t", "t"]) as session:
-            streamed = [session.append([clips[0][:3], clips[1][:1]]), session.append([clips[0][3:], clips[1][1:]])]
-            assert session.num_frames == [7, 4]
-            session.reset(1, "t")
-            assert session.num_frames == [7, 0]
-    finally:
-        del SIGNATURE.score
+    monkeypatch.setattr(
+        SIGNATURE, "score", lambda requests: calls.append(max(r.num_frames for r in requests)) or original(requests)
+    )
+    with reward.open_session(["t", "t"]) as session:
+        streamed = [session.append([clips[0][:3], clips[1][:1]]), session.append([clips[0][3:], clips[1][1:]])]
+        assert session.num_frames == [7, 4]
+        with pytest.raises(
+            ValueError, match=r"frames\[1\]: frames of shape \(8, 8, 3\), the stream began with \(4, 4, 3\)"
+        ):
+            session.append([clips[0][:1], np.zeros((1, 8, 8, 3), np.uint8)])
+        assert session.num_frames == [7, 4]  # the refused append moved no stream on
+        session.reset(1, "t")
+        assert session.num_frames == [7, 0]
     assert calls == [3, 3]  # every clip holds at most the first frame and a window of 2
     for stream in range(2):
         np.testing.assert_array_equal(np.concatenate([step[stream] for step in streamed]), expected[stream])
@@ -90,7 +96,7 @@ def test_bad_wrapped_rewards_are_refused():
     with pytest.raises(ValueError, match="frame_window: reward 'clip_signature' is not dense"):
         FrameWindowReward(FunctionReward(clip_signature))
     short = FunctionReward(clip_signature, dense=True)
-    short.spec = type(short.spec)(**{**short.spec.__dict__, "max_frames": 2})
+    short.spec = replace(short.spec, max_frames=2)
     with pytest.raises(ValueError, match="clips of 3 frames, 'clip_signature' takes at most 2"):
         FrameWindowReward(short, window=2)
     with pytest.raises(ValueError, match="window 0"):

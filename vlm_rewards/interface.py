@@ -24,7 +24,7 @@ import json
 import logging
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Protocol, runtime_checkable
 
@@ -75,6 +75,18 @@ class RewardRequest:
             frames=self.frames[:length],
             views={name: view[:length] for name, view in self.views.items()},
             frame_index=None if self.frame_index is None else self.frame_index[:length],
+        )
+
+    def take(self, indices: Sequence[int] | np.ndarray) -> RewardRequest:
+        """The request for the frames at `indices` (increasing; views alike), with `frame_index` saying
+        which frames of the source episode they are."""
+        indices = np.asarray(indices)
+        source = np.arange(self.num_frames) if self.frame_index is None else np.asarray(self.frame_index)
+        return replace(
+            self,
+            frames=self.frames[indices],
+            views={name: view[indices] for name, view in self.views.items()},
+            frame_index=source[indices],
         )
 
 
@@ -330,6 +342,16 @@ def append_views(
     return views
 
 
+def check_stream_continues(
+    frames: np.ndarray, views: Mapping[str, Any], frame_shape: tuple[int, ...], view_names: Iterable[str], where: str
+) -> None:
+    """New frames of a stream have the frame shape and the view names the stream began with."""
+    if frames.shape[1:] != frame_shape:
+        raise ValueError(f"{where}: frames of shape {frames.shape[1:]}, the stream began with {frame_shape}")
+    if set(views) != set(view_names):
+        raise ValueError(f"{where}: views {sorted(views)}, the stream began with {sorted(view_names)}")
+
+
 def stream_references(texts: Sequence[str], references: Sequence[np.ndarray | None] | None) -> list[np.ndarray | None]:
     """`open_session`'s arguments checked: one reference per text (None for all when not given)."""
     if isinstance(texts, str) or len(texts) == 0:
@@ -352,12 +374,8 @@ class _Stream:
 
     def extend(self, frames: np.ndarray, views: Mapping[str, np.ndarray], where: str) -> None:
         validate_clip(frames, where)
-        if self.frames and frames.shape[1:] != self.frames[0].shape[1:]:
-            raise ValueError(
-                f"{where}: frames of shape {frames.shape[1:]}, the stream began with {self.frames[0].shape[1:]}"
-            )
-        if self.frames and set(views) != set(self.views):
-            raise ValueError(f"{where}: views {sorted(views)}, the stream began with {sorted(self.views)}")
+        if self.frames:
+            check_stream_continues(frames, views, self.frames[0].shape[1:], self.views, where)
         self.frames.append(frames)
         for name, view in views.items():
             self.views.setdefault(name, []).append(view)

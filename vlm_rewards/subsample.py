@@ -34,14 +34,7 @@ def subsample_request(request: RewardRequest, budget: int | None) -> RewardReque
 
     A request that already carries a `frame_index` keeps indexing its source episode.
     """
-    indices = subsample_indices(request.num_frames, budget)
-    source_index = np.arange(request.num_frames) if request.frame_index is None else np.asarray(request.frame_index)
-    return replace(
-        request,
-        frames=request.frames[indices],
-        views={name: view[indices] for name, view in request.views.items()},
-        frame_index=source_index[indices],
-    )
+    return request.take(subsample_indices(request.num_frames, budget))
 
 
 def expand_to_episode(values: np.ndarray, frame_index: np.ndarray | None, num_frames: int) -> np.ndarray:

@@ -30,6 +30,7 @@ from vlm_rewards.interface import (
     RewardResult,
     RewardSession,
     append_views,
+    check_stream_continues,
     stream_references,
     validate_clip,
 )
@@ -79,7 +80,7 @@ class FrameWindowReward(BaseReward):
         return FrameWindowSession(self, texts, references)
 
     def _score(self, requests: list[RewardRequest]) -> list[RewardResult]:
-        clips = [_select(request, self.window_indices(t)) for request in requests for t in range(request.num_frames)]
+        clips = [request.take(self.window_indices(t)) for request in requests for t in range(request.num_frames)]
         results = iter(self.reward.score(clips))
         return [_per_frame([next(results) for _ in range(request.num_frames)]) for request in requests]
 
@@ -105,8 +106,10 @@ class FrameWindowSession(RewardSession):
         self, frames: Sequence[np.ndarray], views: Sequence[Mapping[str, np.ndarray]] | None = None
     ) -> list[np.ndarray]:
         views = append_views(frames, views, len(self._streams))
-        for i, new in enumerate(frames):  # refused before any stream moves on
+        for i, (stream, new, new_views) in enumerate(zip(self._streams, frames, views)):  # before any stream moves on
             validate_clip(new, f"frames[{i}]", self.owner.spec)
+            if stream.first is not None:
+                check_stream_continues(new, new_views, stream.first[0].shape, stream.first[1], f"frames[{i}]")
         clips, counts = [], []
         for stream, new, new_views in zip(self._streams, frames, views):
             counts.append(len(new))
@@ -128,7 +131,7 @@ class _WindowStream:
             self.first = (frame, views)
         self.recent.append((frame, views))
         kept = list(self.recent)
-        if owner.keep_first and self.count >= owner.window:
+        if len(owner.window_indices(self.count)) > len(kept):  # frame 0 leads, out of the window by now
             kept.insert(0, self.first)
         self.count += 1
         return RewardRequest(
@@ -137,15 +140,6 @@ class _WindowStream:
             reference=self.reference,
             views={name: np.stack([frame_views[name] for _, frame_views in kept]) for name in views},
         )
-
-
-def _select(request: RewardRequest, indices: list[int]) -> RewardRequest:
-    return replace(
-        request,
-        frames=request.frames[indices],
-        views={name: view[indices] for name, view in request.views.items()},
-        frame_index=None if request.frame_index is None else request.frame_index[indices],
-    )
 
 
 def _per_frame(window_results: list[RewardResult]) -> RewardResult:

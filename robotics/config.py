@@ -157,6 +157,9 @@ class RLConfig(JobConfig):
     sac: SACParams = SACParams()
     eval: EvalConfig = EvalConfig()
     checkpoint_every: int = pydantic.Field(4096, ge=1)  # env steps
+    # also keep each checkpoint's policy as checkpoints/model_<steps>.zip: the early policies a reward's
+    # next round of data can roll out (`vlmr collect` checkpoints)
+    keep_policy_snapshots: bool = False
     resume: bool = True  # continue from run_dir/checkpoints if it holds one
     seed: int = 0
     device: str = "cpu"

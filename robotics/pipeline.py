@@ -121,6 +121,9 @@ class PipelineConfig(JobConfig):
     # the model of the stage before, e.g. {optim: {steps: 3000, lr: 3.0e-4}, data: {clip_frames: null}}: whole
     # episodes after 8-frame clips. The RL conditions use the last stage's model
     progress_rm_continued: list[dict] = []
+    # episode folders of earlier rounds the RM trains on beside this run's own data/train (a round of new
+    # rollouts that keeps what the earlier rounds collected); each is read as is, none is copied
+    earlier_training_data: list[Path] = []
     reward_window: RewardWindow | None = None  # None: the RM streams whole episodes (its context grows with t)
     rl: RLConfig = pydantic.Field(default_factory=_default_rl)
     conditions: list[Condition] = ["sparse", "dense", "learned", "scripted"]
@@ -230,7 +233,9 @@ class Pipeline:
             if not (stage1.output_dir / "model").is_dir():
                 run_training(stage1, self.track)
             backbone = str(stage1.output_dir / "model")
-        episodes = {"train": self.root / "data" / "train", "eval": self.root / "data" / "eval_1x"}
+        own = self.root / "data" / "train"
+        train = [own, *config.earlier_training_data] if config.earlier_training_data else own
+        episodes = {"train": train, "eval": self.root / "data" / "eval_1x"}
         stages = [config.progress_rm, *config.continued_progress_stages()]
         for index, stage in enumerate(stages):  # each progress stage starts from the model before it
             output_dir = self.root / ("rm" if index == 0 else f"rm_cont{index}")

@@ -96,6 +96,8 @@ class RLRun:
         model = model or self.model
         self.checkpoints.mkdir(parents=True, exist_ok=True)
         model.save(self.checkpoints / "model.zip")
+        if self.config.keep_policy_snapshots:
+            model.save(self.checkpoints / f"model_{model.num_timesteps:08d}.zip")
         if self.config.algo == "sac":
             model.save_replay_buffer(self.checkpoints / "replay_buffer.pkl")
         state = {"num_timesteps": int(model.num_timesteps)}

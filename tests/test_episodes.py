@@ -9,6 +9,7 @@ from vlm_rewards.data.build import build_preference_dataset, build_progress_data
 from vlm_rewards.data.episodes import (
     EpisodeDataset,
     EpisodeRecord,
+    EpisodeUnion,
     PairDataset,
     PreferencePair,
     write_episodes,
@@ -96,6 +97,26 @@ def test_to_request_keys_by_last_frame(tmp_path):
     assert dataset.to_request(record).key.frame == record.num_frames - 1
     with pytest.raises(ValueError, match="frame_indices"):
         dataset.to_request(record, frame_indices=[0, 99])
+
+
+def test_union_reads_several_folders_as_one(tmp_path):
+    first = write_episodes(tmp_path / "round1", make_records(num_episodes=3))
+    second_records = make_records(num_episodes=2)
+    write_episodes(tmp_path / "round2", second_records)
+    union = EpisodeUnion([tmp_path / "round1", tmp_path / "round2"])
+
+    assert len(union) == 5 and union.episode_ids == [0, 1, 2, 3, 4]
+    assert union.name == "round1+round2"
+    assert union.instructions == sorted({*first.instructions, *(r.instruction for r in second_records)})
+    record = union[3]  # the second folder's first episode (id 10 there)
+    assert record.episode_id == 3 and record.policy == second_records[0].policy
+    np.testing.assert_array_equal(record.frames, second_records[0].frames)
+    assert union.to_request(record, [0, 1]).key == SampleKey(source="round1+round2", episode=3, frame=1)
+    assert [r.episode_id for r in union] == union.episode_ids
+    with pytest.raises(KeyError, match="no episode 5"):
+        union[5]
+    with pytest.raises(ValueError, match="at least one"):
+        EpisodeUnion([])
 
 
 def test_writing_twice_into_one_folder_is_refused(tmp_path):

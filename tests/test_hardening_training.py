@@ -331,6 +331,32 @@ def test_missing_dataset_folders_are_value_errors(tmp_path):
         _datasets(config)
     with pytest.raises(ValueError, match="no such dataset folder"):
         PairDataset(tmp_path / "nope")
+    small_episodes(tmp_path / "ds")
+    several = load_job_config(
+        TrainRMConfig, overrides=[f"output_dir={tmp_path}", f"data.train=[{tmp_path / 'ds'}, {tmp_path / 'nope'}]"]
+    )
+    with pytest.raises(ValueError, match="nope: no such dataset folder"):
+        _datasets(several)
+
+
+def test_several_training_folders_are_read_as_one_for_progress_only(tmp_path):
+    first, second = small_episodes(tmp_path / "a"), small_episodes(tmp_path / "b")
+    config = load_job_config(
+        TrainRMConfig, overrides=[f"output_dir={tmp_path}", f"data.train=[{tmp_path / 'a'}, {tmp_path / 'b'}]"]
+    )
+    train, _ = _datasets(config)
+    assert len(train) == len(first) + len(second) and train.name == "a+b"
+    with pytest.raises(ValueError, match="only a progress RM reads several episode folders"):
+        load_job_config(
+            TrainRMConfig,
+            overrides=[
+                f"output_dir={tmp_path}",
+                "model.reward={task: preference, head: scalar}",
+                f"data.train=[{tmp_path / 'a'}, {tmp_path / 'b'}]",
+            ],
+        )
+    with pytest.raises(ValueError, match="names no episode folder"):
+        load_job_config(TrainRMConfig, overrides=[f"output_dir={tmp_path}", "data.train=[]"])
 
 
 def test_corrupt_dataset_files_name_themselves(tmp_path):

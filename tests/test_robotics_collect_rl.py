@@ -117,12 +117,14 @@ def test_a_learned_reward_that_needs_a_goal_image_gets_the_goal_render(tmp_path)
         run_dir=str(tmp_path / "goal_rm"), algo="sac", total_timesteps=24, env=TINY_ENV,
         reward={"source": "learned", "config": "configs/rewards/goal_pixel_progress.yaml"},
         sac={"learning_starts": 12, "batch_size": 8, "buffer_size": 100}, eval={"every": 24, "episodes": 1,
-        "video": False}, checkpoint_every=24,
+        "video": False}, checkpoint_every=12, keep_policy_snapshots=True,
     )  # fmt: skip
     assert not config.reward.wrapper.goal_image
     run = RLRun(config)
     assert run.train()["timesteps"] == 24
     run.close()
+    snapshots = sorted(path.name for path in (tmp_path / "goal_rm/checkpoints").glob("model_*.zip"))
+    assert snapshots == ["model_00000012.zip", "model_00000024.zip"]  # the policy at each checkpoint, kept
     monitor = [json.loads(line) for line in (tmp_path / "goal_rm/monitor.jsonl").read_text().splitlines()]
     assert monitor and np.isfinite(monitor[-1]["reward/learned_progress"])
 

@@ -87,6 +87,31 @@ def test_a_continued_progress_stage_is_checked_as_a_trainer_config():
         PipelineConfig(progress_rm_continued=[{"optim": {"steps": 5}}, {"optim": {"stpes": 5}}])
 
 
+def test_earlier_rounds_data_is_trained_on_beside_the_runs_own(tmp_path, monkeypatch):
+    trained = []
+
+    def fake_training(config, track=None):
+        trained.append(config)
+        (config.output_dir / "model").mkdir(parents=True)
+
+    monkeypatch.setattr("vlm_rewards.training.train.run_training", fake_training)
+    earlier = [tmp_path / "round1" / "data" / "train", tmp_path / "round2" / "data" / "train"]
+    config = PipelineConfig(
+        output_dir=tmp_path / "round3",
+        preference_stage=None,
+        earlier_training_data=earlier,
+        progress_rm_continued=[{"optim": {"steps": 5}}],
+    )
+    Pipeline(config).train_reward_model()
+    own = tmp_path / "round3" / "data" / "train"
+    assert [stage.data.train for stage in trained] == [[own, *earlier], [own, *earlier]]
+    assert trained[1].model.backbone == str(tmp_path / "round3" / "rm" / "model")
+
+    trained.clear()
+    Pipeline(PipelineConfig(output_dir=tmp_path / "alone", preference_stage=None)).train_reward_model()
+    assert trained[0].data.train == tmp_path / "alone" / "data" / "train"  # one folder, read as before
+
+
 def test_held_out_policies_are_scripted_or_collect_checkpoints():
     with pytest.raises(ValueError, match=r"eval_episodes: .*\['trained'\]"):
         PipelineConfig(eval_episodes={"expert": 2, "trained": 2})

@@ -20,6 +20,7 @@ from vlm_rewards.config import JobConfig
 from vlm_rewards.data.episodes import (
     EpisodeDataset,
     EpisodeRecord,
+    EpisodeUnion,
     FrameFormat,
     PairDataset,
     PreferencePair,
@@ -177,10 +178,16 @@ class SyntheticData(JobConfig):
 
 
 def open_episodes(
-    given: Path | None, synthetic: SyntheticData, folder: Path, name: str | None = None, track: Track | None = None
-) -> EpisodeDataset:
-    """The episode folder a job names, else `synthetic` episodes built into (or reused from) a
-    fingerprint-named sub-folder of `folder`."""
+    given: Path | list[Path] | None,
+    synthetic: SyntheticData,
+    folder: Path,
+    name: str | None = None,
+    track: Track | None = None,
+) -> EpisodeDataset | EpisodeUnion:
+    """The episode folder a job names (several: read as one), else `synthetic` episodes built into (or
+    reused from) a fingerprint-named sub-folder of `folder`."""
+    if isinstance(given, list):
+        return EpisodeUnion(given)
     return EpisodeDataset(given) if given is not None else synthetic.episodes(folder, name, track)
 
 

@@ -14,7 +14,7 @@ import json
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -305,19 +305,7 @@ class EpisodeDataset:
         )
 
     def to_request(self, record: EpisodeRecord, frame_indices: Iterable[int] | None = None) -> RewardRequest:
-        """The record (or the frames at `frame_indices`) as a request keyed by its last frame index."""
-        indices = np.arange(record.num_frames) if frame_indices is None else np.asarray(list(frame_indices))
-        if indices.ndim != 1 or len(indices) == 0 or indices.min() < 0 or indices.max() >= record.num_frames:
-            raise ValueError(
-                f"frame_indices must be a non-empty list of indices into {record.num_frames} frames, got {indices}"
-            )
-        return RewardRequest(
-            frames=record.frames[indices],
-            text=record.instruction,
-            reference=record.reference,
-            views={name: view[indices] for name, view in record.views.items()},
-            key=SampleKey(source=self.name, episode=record.episode_id, frame=int(indices[-1])),
-        )
+        return episode_request(self.name, record, frame_indices)
 
     def _read_clips(self, episode_id: int, num_frames: int) -> dict[str, np.ndarray]:
         """Every clip of one episode, checked against its rows in episodes.parquet."""
@@ -334,6 +322,57 @@ class EpisodeDataset:
                 )
             clips[clip_name] = clip
         return clips
+
+
+def episode_request(source: str, record: EpisodeRecord, frame_indices: Iterable[int] | None = None) -> RewardRequest:
+    """The record (or the frames at `frame_indices`) as a request keyed by its last frame index."""
+    indices = np.arange(record.num_frames) if frame_indices is None else np.asarray(list(frame_indices))
+    if indices.ndim != 1 or len(indices) == 0 or indices.min() < 0 or indices.max() >= record.num_frames:
+        raise ValueError(
+            f"frame_indices must be a non-empty list of indices into {record.num_frames} frames, got {indices}"
+        )
+    return RewardRequest(
+        frames=record.frames[indices],
+        text=record.instruction,
+        reference=record.reference,
+        views={name: view[indices] for name, view in record.views.items()},
+        key=SampleKey(source=source, episode=record.episode_id, frame=int(indices[-1])),
+    )
+
+
+class EpisodeUnion:
+    """Several episode folders read as one dataset (e.g. a round of new rollouts beside the earlier rounds'):
+    episodes are numbered 0, 1, ... in folder order, so every episode is drawn with the same chance."""
+
+    def __init__(self, roots: Iterable[str | Path]):
+        self.parts = [EpisodeDataset(root) for root in roots]
+        if not self.parts:
+            raise ValueError("EpisodeUnion needs at least one episode folder")
+        self.name = "+".join(part.name for part in self.parts)
+        self._index = [(part, episode_id) for part in self.parts for episode_id in part.episode_ids]
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    @property
+    def episode_ids(self) -> list[int]:
+        return list(range(len(self._index)))
+
+    @property
+    def instructions(self) -> list[str]:
+        return sorted({instruction for part in self.parts for instruction in part.instructions})
+
+    def __iter__(self) -> Iterator[EpisodeRecord]:
+        return (self[episode_id] for episode_id in self.episode_ids)
+
+    def __getitem__(self, episode_id: int) -> EpisodeRecord:
+        if not 0 <= episode_id < len(self._index):
+            raise KeyError(f"{self.name}: no episode {episode_id} (0..{len(self._index) - 1})")
+        part, part_episode_id = self._index[episode_id]
+        return replace(part[part_episode_id], episode_id=episode_id)
+
+    def to_request(self, record: EpisodeRecord, frame_indices: Iterable[int] | None = None) -> RewardRequest:
+        return episode_request(self.name, record, frame_indices)
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,8 @@ class Augment(JobConfig):
 
 
 class DataSettings(JobConfig):
-    train: Path | None = None  # an episode folder (progress) or pair folder (preference); None: synthetic
+    # an episode folder (progress; several, read as one) or a pair folder (preference); None: synthetic
+    train: Path | list[Path] | None = None
     eval: Path | None = None
     synthetic_train: SyntheticData = pydantic.Field(default_factory=SyntheticData)
     synthetic_eval: SyntheticData = pydantic.Field(
@@ -84,6 +85,13 @@ class DataSettings(JobConfig):
     # the frames), so only what a frame shows (against the first frame) predicts its label, never its place
     clip_shuffle: bool = False
     margin_scale: float = pydantic.Field(0.0, ge=0)  # preference: BT margin = margin_scale × the pair's margin
+
+    @pydantic.field_validator("train")
+    @classmethod
+    def _folders_named(cls, value: Path | list[Path] | None) -> Path | list[Path] | None:
+        if isinstance(value, list) and not value:
+            raise ValueError("an empty list names no episode folder; give one or more, or null for synthetic data")
+        return value
 
 
 class Optimization(JobConfig):
@@ -140,6 +148,15 @@ class TrainRMConfig(JobConfig):
         if str(value).strip() in ("", "."):
             raise ValueError("output_dir must name a folder; an empty value or '.' would write into the current folder")
         return value
+
+    @pydantic.model_validator(mode="after")
+    def _several_folders_for_progress_only(self) -> TrainRMConfig:
+        if isinstance(self.data.train, list) and self.model.reward.task != "progress":
+            raise ValueError(
+                f"data.train lists {len(self.data.train)} folders; only a progress RM reads several episode "
+                f"folders as one, model.reward.task is {self.model.reward.task!r}: give one pair folder"
+            )
+        return self
 
     @pydantic.model_validator(mode="after")
     def _checkpoints_between_updates(self) -> TrainRMConfig:

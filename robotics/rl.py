@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -97,7 +98,7 @@ class RLRun:
         self.checkpoints.mkdir(parents=True, exist_ok=True)
         model.save(self.checkpoints / "model.zip")
         if self.config.keep_policy_snapshots:
-            model.save(self.checkpoints / f"model_{model.num_timesteps:08d}.zip")
+            shutil.copyfile(self.checkpoints / "model.zip", self.checkpoints / f"model_{model.num_timesteps:08d}.zip")
         if self.config.algo == "sac":
             model.save_replay_buffer(self.checkpoints / "replay_buffer.pkl")
         state = {"num_timesteps": int(model.num_timesteps)}

@@ -21,7 +21,7 @@ grpo-demo: setup
 	$(VLMR) pretrain-generator configs/grpo/shapes_base_pairs.yaml output_dir=runs/grpo_demo/base steps=300 eval_every=300
 	$(VLMR) grpo configs/grpo/shapes_verifier_pairs.yaml output_dir=runs/grpo_demo/grpo \
 		model.trained_tiny=runs/grpo_demo/base/model train.epochs=4 eval_every=2 checkpoint_every=2
-	$(PYTHON) -m generation.shapes_eval curves runs/grpo_demo/grpo --output runs/grpo_demo/curves.png
+	$(PYTHON) -m vlm_rewards.generation.shapes_eval curves runs/grpo_demo/grpo --output runs/grpo_demo/curves.png
 
 test: setup
 	.venv/bin/ruff check .

@@ -21,7 +21,8 @@ from transformers import AutoConfig, AutoModel, PretrainedConfig, Qwen2_5_VLConf
 
 from vlm_rewards.io import write_json
 from vlm_rewards.models.backbones import build_tiny_backbone, load_backbone
-from vlm_rewards.models.reward_network import RewardNetwork, RewardNetworkConfig
+from vlm_rewards.models.config import RewardNetworkConfig
+from vlm_rewards.models.reward_network import RewardNetwork
 
 Preset = Literal["tiny", "qwen2_5_vl_3b"]
 

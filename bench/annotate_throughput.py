@@ -103,7 +103,8 @@ def make_tiny_reward_model(folder: Path, config: BenchConfig) -> Path:
     import torch
 
     from vlm_rewards.models.backbones import build_tiny_backbone
-    from vlm_rewards.models.reward_network import RewardNetwork, RewardNetworkConfig
+    from vlm_rewards.models.config import RewardNetworkConfig
+    from vlm_rewards.models.reward_network import RewardNetwork
 
     backbone = build_tiny_backbone("qwen2_5_vl", folder / "backbone", num_layers=config.num_layers, seed=config.seed)
     torch.manual_seed(config.seed)
@@ -114,7 +115,8 @@ def make_tiny_reward_model(folder: Path, config: BenchConfig) -> Path:
 
 def reward_builder(config: BenchConfig, workdir: Path) -> Callable[[], Any]:
     """A function that builds (loads) the preset's reward; each call gives a fresh one with the same weights."""
-    from vlm_rewards.models.reward_network import TrainedRewardModel, resolve_device, resolve_dtype
+    from vlm_rewards.models.device import resolve_device, resolve_dtype
+    from vlm_rewards.models.trained_reward import TrainedRewardModel
     from vlm_rewards.registry import build_reward
 
     if config.preset == "tiny":
@@ -167,7 +169,7 @@ def run_benchmark(config: BenchConfig, workdir: Path) -> dict[str, Any]:
     from vlm_rewards.annotation.runner import start_decode_pool
     from vlm_rewards.annotation.scoring import build_request, episode_budget
     from vlm_rewards.annotation.sources import iter_episodes
-    from vlm_rewards.models.reward_network import resolve_device
+    from vlm_rewards.models.device import resolve_device
     from vlm_rewards.subsample import subsample_request
 
     if config.threads:

@@ -9,11 +9,11 @@ Measured on the same generator, LoRA-wrapped as `vlmr grpo` trains it:
   optimizer step: forward + backward on each window step, plus the no-grad reference forward for the
   KL to the LoRA-disabled model), seconds per step and samples/s;
 - reward share: the rollout phase of an epoch run twice from the same seeds, **serial** (sample batch
-  b, then score it) and **overlapped** (`generation.rewards.collect_rollouts`: batch b is scored with
+  b, then score it) and **overlapped** (`vlm_rewards.generation.rewards.collect_rollouts`: batch b is scored with
   `ascore` while batch b+1 samples). Reported: each phase's wall time, the share of it spent waiting
   for rewards, and serial / overlapped.
 
-The reward is the ShapesWorld gold verifier (`generation.shapes_t2i.verifier_score`, NumPy on the same
+The reward is the ShapesWorld gold verifier (`vlm_rewards.generation.shapes_t2i.verifier_score`, NumPy on the same
 CPU) plus, with `--reward-latency S`, S seconds of waiting per batch that use no CPU: a stand-in for a
 reward model on another device or behind `vlmr serve`. Only waiting can hide behind sampling; reward
 work on the sampler's own cores cannot.
@@ -48,15 +48,14 @@ from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
 from rich.console import Console
 from rich.table import Table
 
-from generation.config import GRPOConfig
-from generation.grpo import Advantages
-from generation.models import ImageGenerator, PromptEmbeddings, pixels_to_uint8
-from generation.pretrain import PretrainConfig
-from generation.rewards import RewardSet, collect_rollouts
-from generation.sampling import Rollout, sample_rollout
-from generation.shapes_t2i import prompts as shapes_prompts
-from generation.train import add_lora, build_generator, update_policy
 from vlm_rewards.config import load_job_config
+from vlm_rewards.generation.config import GRPOConfig, PretrainConfig
+from vlm_rewards.generation.grpo import Advantages
+from vlm_rewards.generation.models import ImageGenerator, PromptEmbeddings, pixels_to_uint8
+from vlm_rewards.generation.rewards import RewardSet, collect_rollouts
+from vlm_rewards.generation.sampling import Rollout, sample_rollout
+from vlm_rewards.generation.shapes_t2i import prompts as shapes_prompts
+from vlm_rewards.generation.train import add_lora, build_generator, update_policy
 from vlm_rewards.interface import BaseReward, RewardResult, RewardSpec
 from vlm_rewards.registry import build_reward
 
@@ -66,7 +65,7 @@ else:  # run as a script: bench/ is on sys.path
     from _common import finish, machine
 
 Preset = Literal["tiny", "sd3_5_medium"]
-VERIFIER = {"kind": "function", "function": "generation.shapes_t2i:verifier_score", "value_range": [0, 1]}
+VERIFIER = {"kind": "function", "function": "vlm_rewards.generation.shapes_t2i:verifier_score", "value_range": [0, 1]}
 SHAPES_BASE = Path(__file__).parents[1] / "configs" / "grpo" / "shapes_base.yaml"
 SHAPES_BASE = Path(__file__).parents[1] / "configs" / "grpo" / "shapes_base.yaml"
 SD3_TEXT_TOKENS, SD3_TEXT_DIM, SD3_POOLED_DIM = 333, 4096, 2048  # 77 CLIP + 256 T5 tokens
@@ -172,7 +171,7 @@ def run_benchmark(
     batch_prompts = [p for p in shapes_prompts()[: batch_size // group_size] for _ in range(group_size)]
 
     def sample(batch: int) -> Rollout:
-        return sample_rollout(generator, batch_prompts, config.sampling.sampler(), seed + batch)
+        return sample_rollout(generator, batch_prompts, config.sampling, seed + batch)
 
     def train_step(rollout: Rollout) -> None:
         advantages = Advantages(np.linspace(-1, 1, len(rollout)), np.ones(len(rollout), dtype=bool), 0.0)

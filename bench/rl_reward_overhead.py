@@ -45,13 +45,14 @@ from rich.console import Console
 from rich.table import Table
 from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv
 
-from robotics.config import EnvConfig
-from robotics.envs import make_env
-from robotics.reward_wrapper import RewardWrapperConfig, SB3VecReward
 from vlm_rewards.interface import RewardModel
-from vlm_rewards.models.reward_network import TrainedRewardModel, resolve_device, resolve_dtype
+from vlm_rewards.models.device import resolve_device, resolve_dtype
 from vlm_rewards.models.streaming import _fast_vision
+from vlm_rewards.models.trained_reward import TrainedRewardModel
 from vlm_rewards.registry import build_reward
+from vlm_rewards.robotics.config import EnvConfig
+from vlm_rewards.robotics.envs import make_env
+from vlm_rewards.robotics.reward_wrapper import RewardWrapperConfig, SB3VecReward
 
 if __package__:  # imported as bench.rl_reward_overhead (the tests)
     from bench._common import Preset, build_model, finish, machine

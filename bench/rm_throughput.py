@@ -41,8 +41,9 @@ from rich.table import Table
 
 from vlm_rewards.data.synthetic import ShapesWorld
 from vlm_rewards.interface import RewardRequest
+from vlm_rewards.models.device import resolve_device, resolve_dtype
 from vlm_rewards.models.inputs import ClipBatch
-from vlm_rewards.models.reward_network import RewardNetwork, resolve_device, resolve_dtype
+from vlm_rewards.models.reward_network import RewardNetwork
 
 try:  # run as a script: bench/ is on sys.path
     from _common import Preset, build_model, finish, machine

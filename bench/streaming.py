@@ -37,7 +37,8 @@ from rich.table import Table
 
 from vlm_rewards.interface import RewardRequest
 from vlm_rewards.models.backbones import FAMILIES, build_tiny_backbone
-from vlm_rewards.models.reward_network import RewardNetwork, RewardNetworkConfig
+from vlm_rewards.models.config import RewardNetworkConfig
+from vlm_rewards.models.reward_network import RewardNetwork
 from vlm_rewards.models.streaming import KVCacheSession
 
 try:  # run as a script: bench/ is on sys.path

@@ -1,124 +1,235 @@
-"""The `vlmr grpo` config: every knob, with defaults that run a tiny flow-matching model on CPU."""
+"""The settings of the generation jobs, in one torch-free module: every knob, documented where it is declared.
+
+- `GRPOConfig`: `vlmr grpo` (`vlm_rewards.generation.train`); its defaults run a tiny flow-matching model on CPU.
+- `RWRConfig`: `vlmr rwr` (`vlm_rewards.generation.rwr`), a GRPO config plus RWR's temperature.
+- `PretrainConfig`: `vlmr pretrain-generator` (`vlm_rewards.generation.pretrain`).
+
+`SamplerSettings` is what the rollout sampler (`vlm_rewards.generation.sampling`) reads; a GRPO config's
+`sampling` section is one, plus the evaluation's step count. Importing this module loads neither torch
+nor diffusers.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import pydantic
 
-from generation.sampling import SamplerSettings, usable_steps
-from vlm_rewards.config import JobConfig
+from vlm_rewards.config import JobConfig, Settings
+
+DEFAULT_NOISE_LEVEL = 0.7
+"""Flow-GRPO's noise level a: the default of `SamplerSettings.noise_level` and of `sde.sde_step_with_logprob`."""
+
+Split = Literal["train", "held_out", "all"]
+"""A split of the ShapesWorld text-to-image prompts (`vlm_rewards.generation.shapes_t2i`)."""
+Holdout = Literal["triples", "pairs"]
+"""Which ShapesWorld combinations are held out of base training (`vlm_rewards.generation.shapes_t2i`)."""
 
 
-class TinyModel(JobConfig):
-    """A randomly initialised pixel-space model (see `generation.models.build_tiny_generator`)."""
+class TinyModel(Settings):
+    """A randomly initialised pixel-space model (see `vlm_rewards.generation.models.build_tiny_generator`)."""
 
     resolution: int = 8
+    """Image side in pixels (tiny models work in pixel space, without a VAE)."""
     layers: int = 1
+    """Transformer blocks (flux: of each kind, joint and single); unused by the DDIM UNet."""
     heads: int = 2
+    """Attention heads (flow, flux)."""
     head_dim: int = 8
+    """Channels per attention head (ddim: the UNet's `attention_head_dim`)."""
     text_dim: int = 16
+    """Width of the tiny text encoder's token and pooled embeddings."""
     max_tokens: int = 8
-    shift: float = 1.0  # flow scheduler's timestep shift
+    """Prompt length in words; longer prompts are cut."""
+    shift: float = 1.0
+    """The flow-matching scheduler's timestep shift (flow, flux)."""
     seed: int = 0
-    guidance_embeds: bool = False  # flux only: FLUX.1-dev's guidance embedding
-    patch_size: int = 2  # flow only: SD3's patch side in pixels
+    """Seed of the initial weights: the same settings give the same model."""
+    guidance_embeds: bool = False
+    """Flux only: add FLUX.1-dev's guidance embedding."""
+    patch_size: int = 2
+    """Flow (SD3) only: the patch side in pixels."""
 
 
-class Lora(JobConfig):
+class Lora(Settings):
+    """The LoRA adapter that GRPO trains on the frozen denoiser."""
+
     r: int = 8
+    """LoRA rank."""
     alpha: int = 16
-    dropout: float = 0.0  # > 0 breaks "ratio == 1 on the first update": the two forwards differ
-    target_modules: list[str] | None = None  # None: the family's attention projections
+    """LoRA alpha: the update is scaled by alpha / r."""
+    dropout: float = 0.0
+    """LoRA dropout. Above 0 the sampling and training forwards differ, so the ratio is not 1 on the first update."""
+    target_modules: list[str] | None = None
+    """Module names to wrap; None: the family's attention projections (`models.LORA_TARGETS`)."""
 
 
-class ModelSettings(JobConfig):
+class ModelSettings(Settings):
+    """The generator: a pretrained pipeline, a tiny model trained from scratch, or a random tiny one."""
+
     family: Literal["flow", "flux", "ddim"] = "flow"
-    pretrained: str | None = None  # a hub id or folder (SD3 for flow, FLUX.1 for flux, SD 1.x/2.x for ddim); None: tiny
-    resolution: int = 512  # pretrained only
-    trained_tiny: str | None = None  # a tiny model trained from scratch: the folder `vlmr pretrain-generator` saved
+    """"flow" (SD3 transformer) and "flux" (Flux transformer) are flow matching; "ddim" is a UNet with DDIM (DDPO)."""
+    pretrained: str | None = None
+    """A hub id or folder (SD3 for flow, FLUX.1 for flux, SD 1.x/2.x for ddim); None: a tiny model."""
+    resolution: int = 512
+    """Image side in pixels of a pretrained model (a tiny model's is `tiny.resolution`)."""
+    trained_tiny: str | None = None
+    """A tiny model trained from scratch: the folder `vlmr pretrain-generator` saved (its `output_dir/model`)."""
     tiny: TinyModel = pydantic.Field(default_factory=TinyModel)
+    """The random tiny model, used when neither `pretrained` nor `trained_tiny` is set."""
     lora: Lora = pydantic.Field(default_factory=Lora)
+    """The trained LoRA adapter."""
 
 
-class Sampling(JobConfig):
-    num_steps: int = 10
-    eval_num_steps: int = 10
-    noise_level: float = 0.7  # flow noise level a; DDIM η
+class SamplerSettings(Settings):
+    """How a rollout batch is sampled: the steps, the SDE window and its noise, CFG."""
+
+    num_steps: int = pydantic.Field(10, gt=0)
+    """Denoising steps per trajectory."""
+    noise_level: float = DEFAULT_NOISE_LEVEL
+    """Noise of the stochastic steps: the Flow-SDE/CPS noise level a for flow models, DDIM's η for ddim; 0: none."""
     method: Literal["sde", "cps"] = "sde"
-    window_size: int | None = None  # SDE/trained steps per trajectory; None: every step
-    window_starts: tuple[int, int] | None = None  # the window's first step is drawn from [low, high)
-    guidance_scale: float = 1.0  # CFG (sampling and training alike) when > 1
+    """Flow models' stochastic step: Flow-GRPO's SDE, or coefficient-preserving sampling (see `sde`)."""
+    window_size: int | None = None
+    """Stochastic (recorded, trained) steps per trajectory, the others being ODE/DDIM steps; None: every step
+    that can be (all but CPS's last)."""
+    window_starts: tuple[int, int] | None = None
+    """The window's first step is drawn from [low, high) per batch; None: anywhere the window fits."""
+    guidance_scale: float = 1.0
+    """Classifier-free guidance scale, in sampling and training alike; applied when > 1."""
     same_noise_in_group: bool = False
+    """Start all the images of a prompt from the same noise, so a group branches only in the SDE window."""
 
-    def sampler(self) -> SamplerSettings:
-        return SamplerSettings(
-            num_steps=self.num_steps,
-            noise_level=self.noise_level,
-            method=self.method,
-            window_size=self.window_size,
-            window_starts=self.window_starts,
-            guidance_scale=self.guidance_scale,
-            same_noise_in_group=self.same_noise_in_group,
-        )
+    @property
+    def usable_steps(self) -> int:
+        """Steps that can be stochastic: CPS's last step has no noise (σ_next = 0)."""
+        return self.num_steps - 1 if self.method == "cps" else self.num_steps
 
     @property
     def steps_per_trajectory(self) -> int:
-        return self.window_size or usable_steps(self.sampler())
+        """Recorded (trained) steps per trajectory."""
+        return self.window_size or self.usable_steps
+
+    def stochastic_steps(self, rng: np.random.Generator | None = None) -> range:
+        """The window of SDE steps for one rollout batch; its start drawn with `rng` (None: the lowest start)."""
+        usable = self.usable_steps
+        size = usable if self.window_size is None else self.window_size
+        if not 1 <= size <= usable:
+            raise ValueError(f"window_size {size}: expected 1..{usable} with {self.num_steps} steps ({self.method})")
+        low, high = self.window_starts or (0, usable - size + 1)
+        if not 0 <= low < high <= usable - size + 1:
+            raise ValueError(f"window_starts {(low, high)}: a window of {size} must start in [0, {usable - size + 1})")
+        start = low if rng is None or high - low == 1 else int(rng.integers(low, high))
+        return range(start, start + size)
 
 
-class RewardEntry(JobConfig):
+class Sampling(SamplerSettings):
+    """The rollout sampler's settings, plus the deterministic evaluation sampler's step count."""
+
+    eval_num_steps: int = pydantic.Field(10, gt=0)
+    """Denoising steps of the evaluation's deterministic (ODE, or η = 0 DDIM) samples."""
+
+
+class RewardEntry(Settings):
+    """One named reward."""
+
     name: str
-    config: str | dict[str, Any]  # a reward YAML path, a shipped name, or an inline `kind: ...` mapping
+    """The reward's name in logs and in `keep_best_by`; unique across trained and gold rewards."""
+    config: str | dict[str, Any]
+    """A reward YAML path, a shipped reward's name, or an inline `kind: ...` mapping."""
     weight: float = 1.0
+    """Weight in the combined advantage (trained rewards only)."""
 
 
-class Rewards(JobConfig):
+class Rewards(Settings):
+    """The rewards trained on and those only watched."""
+
     trained: list[RewardEntry] = [
-        RewardEntry(name="redness", config={"kind": "function", "function": "generation.rule_rewards:redness"})
+        RewardEntry(
+            name="redness", config={"kind": "function", "function": "vlm_rewards.generation.rule_rewards:redness"}
+        )
     ]
-    gold: list[RewardEntry] = []  # evaluated on every rollout and at evaluation, never trained on
+    """The rewards GRPO trains on, combined by `aggregation`."""
+    gold: list[RewardEntry] = []
+    """Rewards scored on every rollout and at evaluation, never trained on (to see reward hacking)."""
     aggregation: Literal["reward", "advantage"] = "reward"
+    """How several trained rewards combine: "reward" sums the batch-normalised rewards, then takes group
+    advantages; "advantage" sums each reward's group advantages (`vlm_rewards.generation.grpo`)."""
 
 
-class Train(JobConfig):
+class Train(Settings):
+    """Prompts, batch sizes and the PPO-clip optimisation."""
+
     prompts: list[str] = ["a red circle", "a blue square", "a green triangle", "a yellow star"]
+    """Training prompts; each batch draws sample_batch_size / group_size of them."""
     eval_prompts: list[str] = ["a red circle", "a blue square"]
-    eval_images_per_prompt: int = 1  # each from its own fixed-seed noise
-    group_size: int = 4  # images per prompt
-    sample_batch_size: int = 8  # images per sampling call (whole groups)
-    batches_per_epoch: int = 2
-    train_batch_size: int = 4  # = sample_batch_size gives bit-identical forwards (ratio exactly 1 at first)
-    epochs: int = 4
-    inner_epochs: int = 1
+    """Evaluation prompts; empty: no evaluation."""
+    eval_images_per_prompt: int = pydantic.Field(1, gt=0)
+    """Evaluation images per prompt, each from its own fixed-seed noise."""
+    group_size: int = 4
+    """Images per prompt in a batch: the group its advantages are relative to (at least 2)."""
+    sample_batch_size: int = pydantic.Field(8, gt=0)
+    """Images per sampling call, in whole groups (a multiple of group_size)."""
+    batches_per_epoch: int = pydantic.Field(2, gt=0)
+    """Sampling calls per epoch."""
+    train_batch_size: int = pydantic.Field(4, gt=0)
+    """Samples per PPO minibatch; = sample_batch_size gives bit-identical forwards (ratio exactly 1 at first)."""
+    epochs: int = pydantic.Field(4, gt=0)
+    """Epochs of sampling and updating."""
+    inner_epochs: int = pydantic.Field(1, gt=0)
+    """Passes of PPO updates over each epoch's samples."""
     lr: float = 3e-4
-    lr_schedule: Literal["constant", "cosine"] = "constant"  # cosine: from lr at epoch 0 towards 0 at the last
+    """Learning rate of AdamW on the LoRA weights."""
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    """"cosine": from lr at epoch 0 towards 0 at the last epoch."""
     weight_decay: float = 1e-4
+    """AdamW weight decay."""
     grad_clip: float = 1.0
+    """Gradient norm clip per optimizer step."""
     clip_range: float = 1e-4
+    """PPO's clip range ε: ratios outside [1 − ε, 1 + ε] stop contributing gradient."""
     advantage_clip: float = 5.0
+    """Advantages are clipped to [−advantage_clip, advantage_clip]."""
     advantage_epsilon: float = 1e-4
+    """ε of the group z-score (r − mean) / (std + ε)."""
     kl_beta: float = 0.0
-    log_reference_kl: bool = True  # compute the KL to the reference even when kl_beta is 0
-    ema_decay: float | None = None  # evaluate with an EMA of the LoRA weights (e.g. 0.9); None: off
+    """Weight β of the KL to the reference policy (the model with its LoRA disabled); 0: no KL term."""
+    log_reference_kl: bool = True
+    """Compute and log the KL to the reference even when kl_beta is 0."""
+    ema_decay: float | None = None
+    """Evaluate (and keep) an EMA of the LoRA weights with this decay (e.g. 0.9); None: off."""
 
 
 class GRPOConfig(JobConfig):
+    """`vlmr grpo`: GRPO fine-tuning of a generator with LoRA on one or several rewards."""
+
     output_dir: Path = Path("runs/grpo_tiny")
+    """The run's folder: metrics.jsonl, evaluation grids, checkpoints and `best`."""
     seed: int = 0
+    """Seed every draw (prompts, noise, windows, shuffles) is derived from, with the epoch, batch and process."""
     mixed_precision: Literal["no", "bf16", "fp16"] = "no"
+    """accelerate's mixed precision."""
     model: ModelSettings = pydantic.Field(default_factory=ModelSettings)
+    """The generator and its LoRA."""
     sampling: Sampling = pydantic.Field(default_factory=Sampling)
+    """The rollout and evaluation samplers."""
     rewards: Rewards = pydantic.Field(default_factory=Rewards)
+    """The trained and gold rewards."""
     train: Train = pydantic.Field(default_factory=Train)
-    eval_every: int = 2  # epochs; 0: never
-    checkpoint_every: int = 2  # epochs; 0: never
-    keep_checkpoints: int = 2
-    # a trained reward's name: the LoRA weights of the evaluation with its highest mean go to output_dir/best
-    # (model selection on the reward being trained, never on gold); None: off
+    """Prompts, batches and optimisation."""
+    eval_every: int = pydantic.Field(2, ge=0)
+    """Evaluate every this many epochs; 0: never."""
+    checkpoint_every: int = pydantic.Field(2, ge=0)
+    """Save a resumable checkpoint every this many epochs, and always after the last epoch; 0: only then."""
+    keep_checkpoints: int = pydantic.Field(2, gt=0)
+    """Checkpoints kept; older ones are deleted."""
     keep_best_by: str | None = None
+    """A trained reward's name: the LoRA weights of the evaluation with its highest mean go to output_dir/best
+    (model selection on the reward being trained, never on gold); None: off."""
     resume: bool = True
+    """Continue from the latest complete checkpoint in output_dir, if any."""
 
     @pydantic.model_validator(mode="after")
     def _check(self) -> GRPOConfig:
@@ -150,7 +261,45 @@ class GRPOConfig(JobConfig):
             )
         if self.model.family == "ddim" and self.sampling.method != "sde":
             raise ValueError("sampling.method 'cps' is for flow models; DDIM uses eta (sampling.noise_level)")
-        from generation.sampling import stochastic_steps
-
-        stochastic_steps(self.sampling.sampler())  # window size and starts fit the schedule
+        self.sampling.stochastic_steps()  # window size and starts fit the schedule
         return self
+
+
+class RWRConfig(GRPOConfig):
+    """`vlmr rwr`: reward-weighted regression on a GRPO config's prompts, rewards and sampling budget."""
+
+    temperature: float = pydantic.Field(1.0, gt=0)
+    """Sample weights are exp(advantage / temperature), normalised to mean 1."""
+
+
+class PretrainConfig(JobConfig):
+    """`vlmr pretrain-generator`: a tiny text-to-image flow model trained from scratch on ShapesWorld."""
+
+    output_dir: Path = Path("runs/shapes_base")
+    """The run's folder; the model goes to output_dir/model (what a GRPO config names as `model.trained_tiny`)."""
+    seed: int = 0
+    """Seed of the training batches (prompts, renders, noise) and of the evaluation's noise."""
+    family: Literal["flow", "flux"] = "flow"
+    """The tiny model's family (flow matching only)."""
+    model: TinyModel = pydantic.Field(
+        default_factory=lambda: TinyModel(resolution=32, layers=4, heads=4, head_dim=32, text_dim=64, patch_size=4)
+    )
+    """The tiny model's architecture and initial weights' seed."""
+    train_split: Split = "train"
+    """The prompts trained on; "all" would show the model the held-out combinations too."""
+    holdout: Holdout = "triples"
+    """Which combinations "held_out" means."""
+    steps: int = pydantic.Field(2000, gt=0)
+    """Optimizer steps."""
+    batch_size: int = pydantic.Field(64, gt=0)
+    """Rendered images per step."""
+    lr: float = 1e-3
+    """AdamW learning rate after the warmup."""
+    warmup_steps: int = pydantic.Field(100, gt=0)
+    """Steps of linear learning-rate warmup."""
+    eval_every: int = pydantic.Field(500, ge=0)
+    """Evaluate gold accuracy on the train and held-out prompts every this many steps; 0: only at the end."""
+    eval_num_steps: int = pydantic.Field(10, gt=0)
+    """Denoising steps of the evaluation's ODE samples."""
+    eval_images_per_prompt: int = pydantic.Field(4, gt=0)
+    """Evaluation images per prompt."""

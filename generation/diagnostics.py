@@ -1,6 +1,6 @@
 """Is a GRPO batch big enough to carry a signal? The agreement of independent policy gradients.
 
-    python -m generation.diagnostics gradient-agreement configs/grpo/shapes_verifier.yaml --epochs 4 \
+    python -m vlm_rewards.generation.diagnostics gradient-agreement configs/grpo/shapes_verifier.yaml --epochs 4 \
         train.group_size=16 train.sample_batch_size=48
 
 From the config's starting policy (nothing is updated), `--epochs` independent epochs are sampled as
@@ -24,10 +24,10 @@ import torch
 import typer
 from accelerate import Accelerator
 
-from generation.config import GRPOConfig
-from generation.rewards import RewardSet
-from generation.train import add_lora, build_generator, build_rewards, sample_epoch, step_loss
 from vlm_rewards.config import load_job_config
+from vlm_rewards.generation.config import GRPOConfig
+from vlm_rewards.generation.rewards import RewardSet
+from vlm_rewards.generation.train import add_lora, build_generator, build_rewards, sample_epoch, step_loss
 
 
 def epoch_gradient(

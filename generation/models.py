@@ -10,7 +10,7 @@ Three families share the trainer:
 from-scratch experiments. It works in pixel space (no VAE: latents are the image in [-1, 1]) and
 conditions on `TinyTextEncoder`: a small learned embedding of the prompt's words (hashed into a fixed
 vocabulary) plus positions, mean-pooled for SD3's and Flux's pooled projection. A tiny generator trained
-from scratch (`generation.pretrain`) is saved with `save_tiny_generator` and read back with
+from scratch (`vlm_rewards.generation.pretrain`) is saved with `save_tiny_generator` and read back with
 `load_tiny_generator`. `load_pretrained_generator` loads a real pipeline with `from_pretrained` and uses
 its own text encoders and VAE.
 """

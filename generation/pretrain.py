@@ -1,6 +1,6 @@
 """`vlmr pretrain-generator`: a tiny text-to-image flow-matching model trained from scratch on ShapesWorld.
 
-The base model GRPO then fine-tunes (`generation.shapes_t2i`): a small SD3 (or Flux) transformer in
+The base model GRPO then fine-tunes (`vlm_rewards.generation.shapes_t2i`): a small SD3 (or Flux) transformer in
 pixel space and its `TinyTextEncoder`, trained together with the rectified-flow loss on ground-truth
 renders of the benchmark's *train* prompts only, so held-out combinations are never seen. x_t =
 (1 − σ)·x0 + σ·ε with σ drawn logit-normal (SD3's choice), and the model regresses the velocity ε − x0.
@@ -14,37 +14,16 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
-import pydantic
 import torch
 
-from generation.config import ModelSettings, TinyModel
-from generation.models import ImageGenerator, PromptEmbeddings, predict, save_tiny_generator
-from generation.shapes_t2i import Holdout, Split, gold_accuracy, prompts, render
-from generation.train import build_generator
-from vlm_rewards.config import JobConfig
+from vlm_rewards.generation.config import ModelSettings, PretrainConfig
+from vlm_rewards.generation.models import ImageGenerator, PromptEmbeddings, predict, save_tiny_generator
+from vlm_rewards.generation.shapes_t2i import gold_accuracy, prompts, render
+from vlm_rewards.generation.train import build_generator
 
 logger = logging.getLogger(__name__)
-
-
-class PretrainConfig(JobConfig):
-    output_dir: Path = Path("runs/shapes_base")
-    seed: int = 0
-    family: Literal["flow", "flux"] = "flow"
-    model: TinyModel = pydantic.Field(
-        default_factory=lambda: TinyModel(resolution=32, layers=4, heads=4, head_dim=32, text_dim=64, patch_size=4)
-    )
-    train_split: Split = "train"  # "all" would show the model the held-out combinations too
-    holdout: Holdout = "triples"  # which combinations "held_out" means (generation.shapes_t2i)
-    steps: int = 2000
-    batch_size: int = 64
-    lr: float = 1e-3
-    warmup_steps: int = 100
-    eval_every: int = 500  # steps; 0: only at the end
-    eval_num_steps: int = 10
-    eval_images_per_prompt: int = 4
 
 
 def run_pretrain(config: PretrainConfig, track: Callable[..., Iterable] | None = None) -> dict[str, list]:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from generation.sampling import Rollout
+from vlm_rewards.generation.sampling import Rollout
 from vlm_rewards.interface import RewardModel, RewardRequest
 from vlm_rewards.registry import build_reward
 

@@ -7,7 +7,7 @@ group its own noise), so the SDE settings do not apply. Each epoch it scores the
 trained rewards, turns them into the same per-prompt advantages A as GRPO, and fits the LoRA with the
 flow-matching loss on its own samples weighted by exp(A / temperature) (normalised to mean 1): a
 supervised step towards the better samples instead of a policy gradient. Evaluation, checkpoints and
-resume are GRPO's (`generation.train.run_grpo` with this epoch step).
+resume are GRPO's (`vlm_rewards.generation.train.run_grpo` with this epoch step).
 """
 
 from __future__ import annotations
@@ -15,21 +15,16 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 import numpy as np
-import pydantic
 import torch
 from accelerate import Accelerator
 
-from generation.config import GRPOConfig
-from generation.ema import ParameterEMA
-from generation.models import ImageGenerator
-from generation.pretrain import flow_matching_loss
-from generation.rewards import RewardSet
-from generation.sampling import Rollout
-from generation.train import derived_seed, run_grpo, sample_epoch
-
-
-class RWRConfig(GRPOConfig):
-    temperature: float = pydantic.Field(1.0, gt=0)  # sample weights exp(advantage / temperature)
+from vlm_rewards.generation.config import RWRConfig
+from vlm_rewards.generation.ema import ParameterEMA
+from vlm_rewards.generation.models import ImageGenerator
+from vlm_rewards.generation.pretrain import flow_matching_loss
+from vlm_rewards.generation.rewards import RewardSet
+from vlm_rewards.generation.sampling import Rollout
+from vlm_rewards.generation.train import derived_seed, run_grpo, sample_epoch
 
 
 def run_rwr(config: RWRConfig, track: Callable[..., Iterable] | None = None) -> dict[str, list]:

@@ -11,25 +11,14 @@ the window's noise does not depend on how much of the batch ran the prefix.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 import numpy as np
 import torch
-from diffusers import FlowMatchEulerDiscreteScheduler
 
-from generation.models import ImageGenerator, PromptEmbeddings, predict
-from generation.sde import StepDistribution, ddim_step_distribution, flow_step_distribution, sample_and_log_prob
-
-
-@dataclass(frozen=True)
-class SamplerSettings:
-    num_steps: int = 10
-    noise_level: float = 0.7  # Flow-SDE/CPS noise level a; DDIM η
-    method: Literal["sde", "cps"] = "sde"  # flow only
-    window_size: int | None = None  # stochastic (trained) steps per trajectory; None: all that can be
-    window_starts: tuple[int, int] | None = None  # the window starts at a step drawn from [low, high)
-    guidance_scale: float = 1.0  # CFG when > 1
-    same_noise_in_group: bool = False
+from vlm_rewards.generation.config import SamplerSettings
+from vlm_rewards.generation.models import ImageGenerator, PromptEmbeddings, predict
+from vlm_rewards.generation.sde import step_distribution, step_with_logprob
 
 
 @dataclass
@@ -72,39 +61,6 @@ class Rollout:
         )
 
 
-def stochastic_steps(settings: SamplerSettings, rng: np.random.Generator | None = None) -> range:
-    """The window of SDE steps for one rollout batch."""
-    usable = usable_steps(settings)
-    size = usable if settings.window_size is None else settings.window_size
-    if not 1 <= size <= usable:
-        raise ValueError(
-            f"window_size {size}: expected 1..{usable} with {settings.num_steps} steps ({settings.method})"
-        )
-    low, high = settings.window_starts or (0, usable - size + 1)
-    if not 0 <= low < high <= usable - size + 1:
-        raise ValueError(f"window_starts {(low, high)}: a window of {size} must start in [0, {usable - size + 1})")
-    start = low if rng is None or high - low == 1 else int(rng.integers(low, high))
-    return range(start, start + size)
-
-
-def usable_steps(settings: SamplerSettings) -> int:
-    """CPS's last step has no noise (σ_next = 0), so it cannot be a stochastic step."""
-    return settings.num_steps - 1 if settings.method == "cps" else settings.num_steps
-
-
-def step_distribution(
-    generator: ImageGenerator,
-    model_output: torch.Tensor,
-    timestep: torch.Tensor,
-    latents: torch.Tensor,
-    noise_level: float,
-    method: str = "sde",
-) -> StepDistribution:
-    if isinstance(generator.scheduler, FlowMatchEulerDiscreteScheduler):
-        return flow_step_distribution(generator.scheduler, model_output, timestep, latents, noise_level, method)
-    return ddim_step_distribution(generator.scheduler, model_output, timestep, latents, eta=noise_level)
-
-
 def initial_noise(
     generator: ImageGenerator, prompts: list[str], same_noise_in_group: bool, rng: torch.Generator, device
 ) -> torch.Tensor:
@@ -134,39 +90,46 @@ def sample_rollout(
     denoiser = denoiser or generator.denoiser
     device = next(denoiser.parameters()).device
     rng = torch.Generator().manual_seed(seed)
-    window = stochastic_steps(settings, np.random.default_rng(seed))
-    generator.scheduler.set_timesteps(settings.num_steps, device=device)
+    window = settings.stochastic_steps(np.random.default_rng(seed))
+    scheduler = generator.scheduler
+    scheduler.set_timesteps(settings.num_steps, device=device)
     embeddings = generator.encode_prompts(prompts)
     latents = initial_noise(generator, prompts, settings.same_noise_in_group, rng, device)
 
-    def step(index: int, latents: torch.Tensor, rows: list[int] | slice = slice(None)) -> StepDistribution:
-        timestep = generator.scheduler.timesteps[index]
+    def denoise(index: int, latents: torch.Tensor, rows: list[int] | slice = slice(None)) -> torch.Tensor:
+        """The model output at step `index` for these rows of the batch."""
         conditions = [None if part is None else part[rows] for part in (embeddings, negative)]
-        output = predict(denoiser, generator.family, latents, timestep, *conditions, settings.guidance_scale)
-        noise_level = settings.noise_level if index in window else 0.0
-        return step_distribution(generator, output, timestep, latents, noise_level, settings.method)
+        timestep = scheduler.timesteps[index]
+        return predict(denoiser, generator.family, latents, timestep, *conditions, settings.guidance_scale)
+
+    def ode_step(index: int, latents: torch.Tensor, rows: list[int] | slice = slice(None)) -> torch.Tensor:
+        """A deterministic (ODE/DDIM) step: the noise-free step's mean; it draws no random numbers."""
+        output = denoise(index, latents, rows)
+        return step_distribution(scheduler, output, scheduler.timesteps[index], latents, 0.0, settings.method).mean
 
     rows, members = prompt_groups(prompts) if settings.same_noise_in_group else (slice(None), slice(None))
     # a same-noise group follows one ODE trajectory until the window: compute it once and branch there
     shared = latents[rows]
     for index in range(window.start):
-        shared = step(index, shared, rows).mean
+        shared = ode_step(index, shared, rows)
     latents = shared[members]
 
     recorded: dict[str, list[torch.Tensor]] = {"latents": [], "next_latents": [], "timesteps": [], "log_probs": []}
     for index in range(window.start, settings.num_steps):
-        distribution = step(index, latents)
-        if index not in window:  # a deterministic (ODE/DDIM) step
-            latents = distribution.mean
+        if index not in window:
+            latents = ode_step(index, latents)
             continue
-        if settings.noise_level > 0 and not torch.all(distribution.std > 0):
+        timestep = scheduler.timesteps[index]
+        next_latents, log_prob, step = step_with_logprob(
+            scheduler, denoise(index, latents), timestep, latents, settings.noise_level, settings.method, generator=rng
+        )
+        if settings.noise_level > 0 and not torch.all(step.std > 0):
             raise ValueError(
                 f"step {index} of {settings.num_steps} has no noise with this scheduler; move the SDE window"
             )
-        next_latents, log_prob = sample_and_log_prob(distribution, generator=rng)
         recorded["latents"].append(latents)
         recorded["next_latents"].append(next_latents)
-        recorded["timesteps"].append(generator.scheduler.timesteps[index].expand(len(prompts)))
+        recorded["timesteps"].append(timestep.expand(len(prompts)))
         recorded["log_probs"].append(log_prob)
         latents = next_latents
     stacked = {name: torch.stack(values, dim=1) for name, values in recorded.items()}

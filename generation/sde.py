@@ -19,6 +19,10 @@ Log-probs follow Flow-GRPO/DDPO: the Gaussian log-density averaged over all non-
 Unlike Flow-GRPO's CPS code (which drops the 1/(2·std²) factor), CPS log-probs here are the true
 log-density too, so ratios and the KL mean the same for every method. A deterministic step (std 0,
 e.g. a = 0) has log-prob 0 by convention: it carries no likelihood-ratio signal.
+
+`sde_step_with_logprob` (Flow-GRPO) and `ddim_step_with_logprob` (DDPO) are the public API, with the
+signatures and return values of those codebases. Both are views of `step_with_logprob`, the step the
+rollout sampler and the GRPO trainer take, so what is tested through them is what trains.
 """
 
 from __future__ import annotations
@@ -31,7 +35,10 @@ import torch
 from diffusers import DDIMScheduler, FlowMatchEulerDiscreteScheduler
 from diffusers.utils.torch_utils import randn_tensor
 
+from vlm_rewards.generation.config import DEFAULT_NOISE_LEVEL
+
 FlowMethod = Literal["sde", "cps"]
+Scheduler = FlowMatchEulerDiscreteScheduler | DDIMScheduler
 
 
 @dataclass
@@ -49,17 +56,21 @@ def sde_step_with_logprob(
     model_output: torch.Tensor,
     timestep: float | torch.Tensor,
     sample: torch.Tensor,
-    noise_level: float = 0.7,
+    noise_level: float = DEFAULT_NOISE_LEVEL,
     prev_sample: torch.Tensor | None = None,
     generator: torch.Generator | list[torch.Generator] | None = None,
     method: FlowMethod = "sde",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One flow-matching step; returns (prev_sample, log_prob (B,), prev_sample_mean, std_dev_t).
+    """One flow-matching step (Flow-GRPO's `sde_step_with_logprob`).
 
-    With `prev_sample` given, nothing is sampled: its log-prob under the step is returned (training).
+    Returns (prev_sample, log_prob (B,), prev_sample_mean, std_dev_t). `timestep` is one value or one
+    per sample; `method` is "sde" (Flow-SDE, noise level a) or "cps" (coefficient-preserving). With
+    `prev_sample` given, nothing is sampled: its log-prob under the step is returned (training).
     """
-    step = flow_step_distribution(scheduler, model_output, timestep, sample, noise_level, method)
-    prev_sample, log_prob = sample_and_log_prob(step, prev_sample, generator)
+    _check_scheduler(scheduler, FlowMatchEulerDiscreteScheduler, "sde_step_with_logprob")
+    prev_sample, log_prob, step = step_with_logprob(
+        scheduler, model_output, timestep, sample, noise_level, method, prev_sample, generator
+    )
     return prev_sample, log_prob, step.mean, step.std_dev_t
 
 
@@ -72,10 +83,51 @@ def ddim_step_with_logprob(
     prev_sample: torch.Tensor | None = None,
     generator: torch.Generator | list[torch.Generator] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One DDIM step with η > 0 (DDPO); returns (prev_sample, log_prob (B,), prev_sample_mean, std_dev_t)."""
-    step = ddim_step_distribution(scheduler, model_output, timestep, sample, eta)
-    prev_sample, log_prob = sample_and_log_prob(step, prev_sample, generator)
+    """One DDIM step with η > 0 (DDPO's `ddim_step_with_logprob`).
+
+    Returns (prev_sample, log_prob (B,), prev_sample_mean, std_dev_t). With `prev_sample` given,
+    nothing is sampled: its log-prob under the step is returned (training).
+    """
+    _check_scheduler(scheduler, DDIMScheduler, "ddim_step_with_logprob")
+    prev_sample, log_prob, step = step_with_logprob(
+        scheduler, model_output, timestep, sample, eta, "sde", prev_sample, generator
+    )
     return prev_sample, log_prob, step.mean, step.std_dev_t
+
+
+def step_with_logprob(
+    scheduler: Scheduler,
+    model_output: torch.Tensor,
+    timestep: float | torch.Tensor,
+    sample: torch.Tensor,
+    noise_level: float,
+    method: FlowMethod = "sde",
+    prev_sample: torch.Tensor | None = None,
+    generator: torch.Generator | list[torch.Generator] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, StepDistribution]:
+    """One stochastic step of either scheduler: (prev_sample, log_prob (B,), the step's distribution).
+
+    `noise_level` is the flow noise level a or DDIM's η. With `prev_sample` given, nothing is sampled.
+    """
+    step = step_distribution(scheduler, model_output, timestep, sample, noise_level, method)
+    prev_sample, log_prob = sample_and_log_prob(step, prev_sample, generator)
+    return prev_sample, log_prob, step
+
+
+def step_distribution(
+    scheduler: Scheduler,
+    model_output: torch.Tensor,
+    timestep: float | torch.Tensor,
+    sample: torch.Tensor,
+    noise_level: float,
+    method: FlowMethod = "sde",
+) -> StepDistribution:
+    """The Gaussian of one step of either scheduler; `noise_level` is the flow noise level a or DDIM's η."""
+    if isinstance(scheduler, FlowMatchEulerDiscreteScheduler):
+        return flow_step_distribution(scheduler, model_output, timestep, sample, noise_level, method)
+    if method != "sde":
+        raise ValueError(f"method {method!r} is for flow-matching schedulers; DDIM has only its η step ('sde')")
+    return ddim_step_distribution(scheduler, model_output, timestep, sample, eta=noise_level)
 
 
 def flow_step_distribution(
@@ -83,9 +135,10 @@ def flow_step_distribution(
     model_output: torch.Tensor,
     timestep: float | torch.Tensor,
     sample: torch.Tensor,
-    noise_level: float = 0.7,
+    noise_level: float = DEFAULT_NOISE_LEVEL,
     method: FlowMethod = "sde",
 ) -> StepDistribution:
+    """Flow-SDE's or CPS's step as a Gaussian (formulas in the module docstring)."""
     model_output, sample = model_output.float(), sample.float()
     step_index = flow_step_indices(scheduler, timestep, len(sample))
     sigmas = scheduler.sigmas.to(sample.device, torch.float32)
@@ -114,7 +167,7 @@ def ddim_step_distribution(
     model_output: torch.Tensor,
     timestep: int | torch.Tensor,
     sample: torch.Tensor,
-    eta: float = 1.0,
+    eta: float,
 ) -> StepDistribution:
     """The DDIM step of `DDIMScheduler.step` (same prediction types, clipping and thresholding) as a Gaussian."""
     if scheduler.num_inference_steps is None:
@@ -193,6 +246,11 @@ def flow_step_indices(
     schedule = scheduler.timesteps.cpu()
     unique_indices = torch.tensor([scheduler.index_for_timestep(t, schedule) for t in unique], dtype=torch.long)
     return unique_indices[inverse]
+
+
+def _check_scheduler(scheduler: Scheduler, expected: type, function: str) -> None:
+    if not isinstance(scheduler, expected):
+        raise TypeError(f"{function}: scheduler {type(scheduler).__name__}; expected a {expected.__name__}")
 
 
 def _ddim_predictions(

@@ -8,16 +8,19 @@ accuracy of the kept ones: the inference-time baseline GRPO is compared with at 
 It also reports the share of all the images passing each of the verifier's checks, overall and per
 colour–shape pair (which check fails, and for which combinations).
 
-    python -m generation.shapes_eval accuracy configs/grpo/shapes_verifier.yaml --split held_out --best-of 1,4,16
-    python -m generation.shapes_eval accuracy configs/grpo/shapes_verifier_pairs.yaml --holdout pairs --samples 8
-    python -m generation.shapes_eval accuracy configs/grpo/shapes_verifier.yaml \
+    python -m vlm_rewards.generation.shapes_eval accuracy configs/grpo/shapes_verifier.yaml \
+        --split held_out --best-of 1,4,16
+    python -m vlm_rewards.generation.shapes_eval accuracy configs/grpo/shapes_verifier_pairs.yaml \
+        --holdout pairs --samples 8
+    python -m vlm_rewards.generation.shapes_eval accuracy configs/grpo/shapes_verifier.yaml \
         --checkpoint runs/shapes_verifier/checkpoints/epoch_000030 --split train
-    python -m generation.shapes_eval curves runs/shapes_verifier --output docs/results/img/curves.png
+    python -m vlm_rewards.generation.shapes_eval curves runs/shapes_verifier --output docs/results/img/curves.png
 
 `pairs` writes a pair dataset (data/README.md) of the generator's own images, the verifier's preference
 as the label: the training set of a learned proxy reward that has seen the policy's kind of images.
 
-    python -m generation.shapes_eval pairs configs/grpo/shapes_verifier_pairs.yaml --output runs/generated_pairs
+    python -m vlm_rewards.generation.shapes_eval pairs configs/grpo/shapes_verifier_pairs.yaml \
+        --output runs/generated_pairs
 """
 
 from __future__ import annotations
@@ -32,13 +35,20 @@ import torch
 import typer
 from safetensors.torch import load_file
 
-from generation.config import GRPOConfig
-from generation.ema import EMA_STATE, ParameterEMA
-from generation.models import ImageGenerator
-from generation.shapes_t2i import ShapePrompt, Verdict, check_rates, prompts, sample_and_verify, sample_verdicts
-from generation.train import add_lora, build_generator, lora_parameters
 from vlm_rewards.config import load_job_config
 from vlm_rewards.data.episodes import PreferencePair, write_pairs
+from vlm_rewards.generation.config import GRPOConfig
+from vlm_rewards.generation.ema import EMA_STATE, ParameterEMA
+from vlm_rewards.generation.models import ImageGenerator
+from vlm_rewards.generation.shapes_t2i import (
+    ShapePrompt,
+    Verdict,
+    check_rates,
+    prompts,
+    sample_and_verify,
+    sample_verdicts,
+)
+from vlm_rewards.generation.train import add_lora, build_generator, lora_parameters
 
 
 def load_policy(config: GRPOConfig, checkpoint: Path | None) -> ImageGenerator:

@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import get_args
 
 import numpy as np
 
-from generation.models import ImageGenerator
-from generation.sampling import sample_deterministic
 from vlm_rewards.data.synthetic import COLORS, GOALS, SHAPES, SceneObject, ShapesWorld
+from vlm_rewards.generation.config import Holdout, Split
+from vlm_rewards.generation.models import ImageGenerator
+from vlm_rewards.generation.sampling import sample_deterministic
 from vlm_rewards.interface import RewardRequest, RewardResult
 
 RADIUS = 0.15  # object half-size in image sides: 4.8 px at 32 px
@@ -43,8 +44,6 @@ SOLID_FILL = 0.8  # the lowest fill of a ground-truth render: `solid_score` pays
 SATURATION = 60  # pixels with max - min channel below this are table (grey)
 COLOR_DISTANCE = 80  # a saturated pixel is a palette colour only within this RGB distance of it
 PROMPT = re.compile(rf"a ({'|'.join(COLORS)}) ({'|'.join(SHAPES)}) in the ({'|'.join(GOALS)})")
-Split = Literal["train", "held_out", "all"]
-Holdout = Literal["triples", "pairs"]
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,10 @@ batch samples), turn rewards into group advantages, then PPO-clip updates on the
 steps (gradients accumulated over a trajectory's steps, one optimizer step per minibatch). The
 reference policy for the KL term is the same network with its LoRA disabled. Every seed is derived
 from (seed, epoch, batch, process), so a resumed run samples exactly what an uninterrupted one would.
+
+A checkpoint is saved every `checkpoint_every` epochs and after the last one. A rerun resumes from the
+latest: only if its settings match the checkpoint's (`RESUME_MAY_CHANGE` lists the exceptions), with
+metrics.jsonl cut back to the checkpoint's epoch.
 """
 
 from __future__ import annotations
@@ -25,10 +29,17 @@ from accelerate import Accelerator
 from accelerate.utils import gather_object, set_seed
 from peft import LoraConfig, get_peft_model
 
-from generation.config import GRPOConfig, ModelSettings, Train
-from generation.ema import ParameterEMA
-from generation.grpo import Advantages, combined_advantages, ppo_clip_loss, ratio_diagnostics, reward_diagnostics
-from generation.models import (
+from vlm_rewards.config import changed_settings
+from vlm_rewards.generation.config import GRPOConfig, ModelSettings, Train
+from vlm_rewards.generation.ema import ParameterEMA
+from vlm_rewards.generation.grpo import (
+    Advantages,
+    combined_advantages,
+    ppo_clip_loss,
+    ratio_diagnostics,
+    reward_diagnostics,
+)
+from vlm_rewards.generation.models import (
     LORA_TARGETS,
     ImageGenerator,
     PromptEmbeddings,
@@ -38,12 +49,31 @@ from generation.models import (
     load_tiny_generator,
     predict,
 )
-from generation.rewards import RewardSet, Scores, collect_rollouts
-from generation.sampling import Rollout, sample_deterministic, sample_rollout, step_distribution
-from generation.sde import gaussian_log_prob, gaussian_mean_kl
-from vlm_rewards.io import atomic_folder, write_json
+from vlm_rewards.generation.rewards import RewardSet, Scores, collect_rollouts
+from vlm_rewards.generation.sampling import Rollout, sample_deterministic, sample_rollout
+from vlm_rewards.generation.sde import gaussian_mean_kl, step_distribution, step_with_logprob
+from vlm_rewards.io import atomic_folder, atomic_path, write_json
 
 logger = logging.getLogger(__name__)
+
+CHECKPOINT_CONFIG = "config.json"
+# What a resumed run may change: how long it runs, what it evaluates and logs. Anything else changes what it
+# trains, so resuming is refused. A cosine schedule follows the new train.epochs (`epoch_lr`).
+RESUME_MAY_CHANGE = (
+    "output_dir",
+    "resume",
+    "train.epochs",
+    "train.eval_prompts",
+    "train.eval_images_per_prompt",
+    "train.log_reference_kl",
+    "sampling.eval_num_steps",
+    "rewards.gold",
+    "eval_every",
+    "checkpoint_every",
+    "keep_checkpoints",
+    "keep_best_by",
+)
+START_OVER = "set resume=false to start over (this removes the checkpoints in output_dir), or use another output_dir"
 
 # one epoch of sampling and updating: (accelerator, generator, denoiser, optimizer, rewards, config, epoch, ema)
 EpochStep = Callable[..., dict[str, float]]
@@ -54,11 +84,12 @@ def run_grpo(
 ) -> dict[str, list]:
     """Train; returns the history (metric -> [(epoch, value)]). `track` wraps the epoch loop (a progress bar).
 
-    `epoch_step` is one epoch of sampling and updating (`grpo_epoch` by default; `generation.rwr` passes
+    `epoch_step` is one epoch of sampling and updating (`grpo_epoch` by default; `vlm_rewards.generation.rwr` passes
     reward-weighted regression's): everything around it (LoRA, evaluation, checkpoints, resume) is shared.
     """
     epoch_step = epoch_step or grpo_epoch
     rewards = build_rewards(config)  # bad reward configs fail before any model is built
+    checkpoint = resumable_checkpoint(config) if config.resume else None  # so do changed settings
     accelerator = Accelerator(
         mixed_precision=config.mixed_precision,
         gradient_accumulation_steps=config.sampling.steps_per_trajectory,
@@ -73,7 +104,8 @@ def run_grpo(
     ema = ParameterEMA(trainable, config.train.ema_decay) if config.train.ema_decay else None
     if ema is not None:
         accelerator.register_for_checkpointing(ema)
-    start_epoch, history = resume(accelerator, config) if config.resume else (0, {})
+    start_epoch, history = load_checkpoint(accelerator, checkpoint) if checkpoint else (0, {})
+    truncate_logs(accelerator, config, checkpoint)
     if start_epoch == 0 and config.eval_every:  # the starting model, for comparison
         record(accelerator, config, history, evaluate(accelerator, generator, rewards, config, 0), 0)
         keep_best(accelerator, denoiser, ema, config, history, 0)
@@ -88,7 +120,8 @@ def run_grpo(
                 logs |= evaluate(accelerator, generator, rewards, config, epoch + 1)
         record(accelerator, config, history, logs, epoch + 1)
         keep_best(accelerator, denoiser, ema, config, history, epoch + 1)
-        if config.checkpoint_every and (epoch + 1) % config.checkpoint_every == 0:
+        last = epoch + 1 == config.train.epochs
+        if last or (config.checkpoint_every and (epoch + 1) % config.checkpoint_every == 0):
             save_checkpoint(accelerator, config, epoch + 1, history)
     accelerator.end_training()
     return history
@@ -135,7 +168,7 @@ def sample_epoch(
         seed = derived_seed(config.seed, epoch, batch, accelerator.process_index)
         prompts = batch_prompts(config, seed)
         negative = negative_embeddings(generator, len(prompts), config)
-        return sample_rollout(generator, prompts, config.sampling.sampler(), seed, denoiser, negative)
+        return sample_rollout(generator, prompts, config.sampling, seed, denoiser, negative)
 
     rollout, scores, timings = asyncio.run(collect_rollouts(sample_batch, config.train.batches_per_epoch, rewards))
     gather = gather_object if accelerator.num_processes > 1 else None
@@ -237,18 +270,20 @@ def step_loss(
     embeddings = minibatch.embeddings
     negative = negative_embeddings(generator, len(minibatch), config)
 
-    def distribution(model: torch.nn.Module):
-        output = predict(model, generator.family, latents, timesteps, embeddings, negative, sampling.guidance_scale)
-        return step_distribution(generator, output, timesteps, latents, sampling.noise_level, sampling.method)
+    def denoise(model: torch.nn.Module) -> torch.Tensor:
+        return predict(model, generator.family, latents, timesteps, embeddings, negative, sampling.guidance_scale)
 
-    step = distribution(denoiser)
-    log_prob = gaussian_log_prob(next_latents, step.mean, step.std)
+    scheduler, noise_level, method = generator.scheduler, sampling.noise_level, sampling.method
+    # the sampler's own step function, scoring the recorded next latents instead of drawing them
+    _, log_prob, step = step_with_logprob(
+        scheduler, denoise(denoiser), timesteps, latents, noise_level, method, prev_sample=next_latents
+    )
     loss, ratio = ppo_clip_loss(log_prob, old_log_prob, advantages, train.clip_range, train.advantage_clip)
     logs = {"policy_loss": loss.item()} | ratio_diagnostics(ratio, log_prob, old_log_prob, train.clip_range)
     if train.kl_beta > 0 or train.log_reference_kl:
         policy = accelerator.unwrap_model(denoiser)
         with torch.no_grad(), policy.disable_adapter():
-            reference = distribution(policy)
+            reference = step_distribution(scheduler, denoise(policy), timesteps, latents, noise_level, method)
         kl = gaussian_mean_kl(step.mean, reference.mean, step.std).mean()
         logs["kl_reference"] = kl.item()
         if train.kl_beta > 0:
@@ -297,20 +332,7 @@ def build_generator(settings: ModelSettings) -> ImageGenerator:
                 f"model.trained_tiny {settings.trained_tiny} is a {generator.family!r} model, not {settings.family!r}"
             )
         return generator
-    tiny = settings.tiny
-    return build_tiny_generator(
-        settings.family,
-        tiny.resolution,
-        layers=tiny.layers,
-        heads=tiny.heads,
-        head_dim=tiny.head_dim,
-        text_dim=tiny.text_dim,
-        max_tokens=tiny.max_tokens,
-        shift=tiny.shift,
-        seed=tiny.seed,
-        guidance_embeds=tiny.guidance_embeds,
-        patch_size=tiny.patch_size,
-    )
+    return build_tiny_generator(settings.family, **settings.tiny.model_dump())
 
 
 def add_lora(denoiser: torch.nn.Module, settings: ModelSettings) -> torch.nn.Module:
@@ -421,28 +443,82 @@ def checkpoints(output_dir: Path) -> list[tuple[int, Path]]:
 
 
 def save_checkpoint(accelerator: Accelerator, config: GRPOConfig, epoch: int, history: dict) -> None:
-    """accelerate state (LoRA, optimizer, RNG) + history; the `complete` marker is written last."""
+    """accelerate state (LoRA, optimizer, RNG) + history + settings; the `complete` marker is written last."""
     path = config.output_dir / "checkpoints" / f"epoch_{epoch:06d}"
     accelerator.save_state(str(path))
     if accelerator.is_main_process:
         (path / "history.json").write_text(json.dumps(history))
+        write_json(path / CHECKPOINT_CONFIG, config.model_dump(mode="json"))
         (path / "complete").write_text(str(epoch))
         for _, old in checkpoints(config.output_dir)[: -config.keep_checkpoints]:
             shutil.rmtree(old)
     accelerator.wait_for_everyone()
 
 
-def resume(accelerator: Accelerator, config: GRPOConfig) -> tuple[int, dict]:
-    """(first epoch to run, history) from the latest complete checkpoint, or (0, {})."""
+def resumable_checkpoint(config: GRPOConfig) -> tuple[int, Path] | None:
+    """The latest complete checkpoint, after checking it was trained with these settings, or None.
+
+    Settings outside `RESUME_MAY_CHANGE` must equal the checkpoint's; otherwise a ValueError names them.
+    """
     found = checkpoints(config.output_dir)
     if not found:
-        return 0, {}
+        return None
     epoch, path = found[-1]
-    accelerator.load_state(str(path))
+    try:
+        saved = json.loads((path / CHECKPOINT_CONFIG).read_text())
+    except (OSError, ValueError) as error:
+        raise ValueError(f"cannot resume from {path}: its settings cannot be read ({error}); {START_OVER}") from None
+    changes = changed_settings(saved, config.model_dump(mode="json"), RESUME_MAY_CHANGE)
+    if changes:
+        raise ValueError(
+            f"cannot resume from {path}: these settings differ from the checkpoint's: {'; '.join(changes)}. "
+            f"Restore them, {START_OVER}"
+        )
+    return epoch, path
+
+
+def load_checkpoint(accelerator: Accelerator, checkpoint: tuple[int, Path]) -> tuple[int, dict]:
+    """(first epoch to run, history) from a checkpoint; weights that do not fit the model are a ValueError."""
+    epoch, path = checkpoint
+    try:
+        accelerator.load_state(str(path))
+    except RuntimeError as error:  # same settings, other weights: e.g. a trained_tiny folder re-pretrained
+        if "Error(s) in loading state_dict" not in str(error):
+            raise
+        first, *others = [line.strip() for line in str(error).splitlines()[1:] if line.strip()] or [str(error)]
+        more = f" (and {len(others)} more)" if others else ""
+        raise ValueError(
+            f"cannot resume from {path}: its weights do not fit this model: {first[:300]}{more} Restore the "
+            f"model, {START_OVER}"
+        ) from None
     saved = json.loads((path / "history.json").read_text())
     history = {name: [tuple(item) for item in values] for name, values in saved.items()}
     logger.info("resumed from %s (epoch %d)", path, epoch)
     return epoch, history
+
+
+def truncate_logs(accelerator: Accelerator, config: GRPOConfig, checkpoint: tuple[int, Path] | None) -> None:
+    """Logs as the resumed checkpoint left them: metrics.jsonl up to its epoch (a resumed run logs the later
+    epochs again). A fresh run starts with no metrics and no checkpoints: resume=false must not leave an
+    earlier run's later checkpoints to outlive this run's rotation and be resumed from next time."""
+    if accelerator.is_main_process:
+        if checkpoint is None and (config.output_dir / "checkpoints").exists():
+            logger.warning("starting over: removing the earlier run's checkpoints in %s", config.output_dir)
+            shutil.rmtree(config.output_dir / "checkpoints")
+        metrics = config.output_dir / "metrics.jsonl"
+        if metrics.exists():
+            last_epoch = checkpoint[0] if checkpoint else -1
+            kept = [line for line in metrics.read_text().splitlines(True) if _logged_epoch(line) <= last_epoch]
+            with atomic_path(metrics) as temporary:
+                temporary.write_text("".join(kept))
+    accelerator.wait_for_everyone()
+
+
+def _logged_epoch(line: str) -> float:
+    try:
+        return json.loads(line)["epoch"]
+    except ValueError:  # a row cut short by a kill: the checkpoint came before it
+        return math.inf
 
 
 def _json_float(value: float) -> float | None:

@@ -11,8 +11,8 @@ import numpy as np
 from stable_baselines3.common.buffers import ReplayBuffer, RolloutBuffer
 from stable_baselines3.common.callbacks import BaseCallback
 
-from robotics.reward_wrapper import RewardStreams
 from vlm_rewards.media import write_video
+from vlm_rewards.robotics.reward_wrapper import RewardStreams
 
 logger = logging.getLogger("vlm_rewards.robotics.rl")
 
@@ -132,8 +132,9 @@ def evaluate_success(model, make_env, seeds: list[int], video_path: Path | None 
 class EvalCheckpointCallback(BaseCallback):
     """Every `eval_every` steps: success rate on fixed seeds (+ video); every `checkpoint_every`: save.
 
-    Saves happen at rollout ends, after `RewardCallback` (listed before this one) has delivered the
-    rollout's deferred rewards: a replay buffer saved mid-rollout would keep placeholder zeros.
+    Saves happen at the start of a rollout: after the update on the rollout before (a run resumed from
+    the checkpoint loses no update), and after `RewardCallback` delivered that rollout's deferred rewards
+    (a replay buffer saved mid-rollout would keep placeholder zeros).
     """
 
     def __init__(self, run, eval_every: int, checkpoint_every: int):
@@ -151,7 +152,7 @@ class EvalCheckpointCallback(BaseCallback):
             self.evaluate()
         return True
 
-    def _on_rollout_end(self) -> None:
+    def _on_rollout_start(self) -> None:
         if self.num_timesteps >= self._next_checkpoint:
             self._next_checkpoint = (self.num_timesteps // self.checkpoint_every + 1) * self.checkpoint_every
             self.run.save_checkpoint(self.model)

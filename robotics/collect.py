@@ -19,7 +19,7 @@ Progress labels (`progress_label`):
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -28,15 +28,21 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.envs.registration import load_env_creator
 
-from robotics.config import CollectConfig
-from robotics.envs import make_gym_vector
-from robotics.experts import detour_reached, detour_waypoint, make_expert, pick_wrong_target, scripted_action
-from robotics.reward_wrapper import unstack_infos
 from vlm_rewards.data.episodes import EpisodeDataset, EpisodeRecord, write_episodes
 from vlm_rewards.data.labels import stage_budget_progress, visual_change
+from vlm_rewards.robotics.config import CollectConfig
+from vlm_rewards.robotics.envs import make_gym_vector
+from vlm_rewards.robotics.experts import (
+    detour_reached,
+    detour_waypoint,
+    make_expert,
+    pick_wrong_target,
+    scripted_action,
+)
+from vlm_rewards.robotics.reward_wrapper import unstack_infos
+from vlm_rewards.tracking import Track, untracked
 
 logger = logging.getLogger("vlm_rewards.robotics.collect")
-Track = Callable[[Iterable, str], Iterable]
 
 
 @dataclass
@@ -71,7 +77,7 @@ def run_rollouts(config: CollectConfig, track: Track | None = None) -> Iterator[
     rng = np.random.default_rng(config.seed)
     batches = range(0, len(schedule), envs.num_envs)
     try:
-        for start in (track or _untracked)(batches, "collect"):
+        for start in (track or untracked)(batches, "collect"):
             policies = schedule[start : start + envs.num_envs]
             yield from _run_batch(envs, expert, trained, policies, config, rng, seed=config.seed + start)
     finally:
@@ -247,13 +253,12 @@ def collect(config: CollectConfig, track: Track | None = None) -> EpisodeDataset
                 yield record
                 episode_id += 1
 
-    generator = {"name": "robotics.collect", **config.model_dump(mode="json")}
-    dataset = write_episodes(config.output, records(), config.frame_format, fps=config.fps, generator=generator)
+    generator = {"name": "vlm_rewards.robotics.collect", **config.model_dump(mode="json")}
+    try:  # write_episodes checks its folder before it draws the first record, so before any rollout runs
+        dataset = write_episodes(config.output, records(), config.frame_format, fps=config.fps, generator=generator)
+    except FileExistsError as error:
+        raise ValueError(f"collect: output {config.output!r}: {error}") from None
     for policy, successes in sorted(counts.items()):
         logger.info("%s: %d episodes, success rate %.2f", policy, len(successes), np.mean(successes))
     logger.info("wrote %d episodes to %s", len(dataset), config.output)
     return dataset
-
-
-def _untracked(iterable: Iterable, description: str = "") -> Iterable:
-    return iterable

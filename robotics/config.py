@@ -1,15 +1,21 @@
-"""Job configs of `vlmr collect` and `vlmr rl` (pydantic; every knob has a default)."""
+"""Settings of the robotics jobs: `vlmr collect`, `vlmr rl`, `vlmr pipeline` and `vlmr grounding-sets`.
+
+Pydantic only, every knob with a default: importing this module loads neither torch, stable-baselines3
+nor MuJoCo, so a config is read and checked before any of them starts.
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Literal
 
 import pydantic
 
-from robotics.experts import POLICIES
-from robotics.reward_wrapper import RewardWrapperConfig
-from vlm_rewards.config import JobConfig
+from vlm_rewards.config import JobConfig, OutputDir, Settings, deep_merge, format_validation_error
+from vlm_rewards.training.config import BackboneTraining, TrainRMConfig
 
+# the scripted policies of vlm_rewards.robotics.experts
+POLICIES = ("expert", "noisy", "wrong_object", "random", "detour")
 # EnvConfig fields that only the vlmr/* tasks take, passed to them as keyword arguments of the same name
 VLMR_SETTINGS = ("table", "marker_radius", "highlights", "palette", "success_distance")
 
@@ -17,33 +23,51 @@ VLMR_SETTINGS = ("table", "marker_radius", "highlights", "palette", "success_dis
 MetaWorldId = Annotated[str, pydantic.StringConstraints(pattern=r"^metaworld/[a-z-]+-v\d+$")]
 
 
-class EnvConfig(pydantic.BaseModel, extra="forbid"):
+# ---------------------------------------------------------------------- env and collection
+
+
+class EnvConfig(Settings):
+    """The task and how it is rendered, shared by collection and RL."""
+
     id: Literal["vlmr/Reach-v0", "vlmr/Push-v0", "vlmr/Carry-v0"] | MetaWorldId = "vlmr/Reach-v0"
+    """The task: a vlmr/* task, or a Meta-World v3 task `metaworld/<task>-v3`."""
     num_envs: int = pydantic.Field(4, ge=1)
-    vectorization: Literal["sync", "async"] = "sync"  # async: one process per env (renders in parallel)
+    """Envs stepped side by side in the vector env."""
+    vectorization: Literal["sync", "async"] = "sync"
+    """sync: all envs in this process; async: one process per env (renders in parallel)."""
     width: int = pydantic.Field(64, ge=16)
+    """Rendered frame width in pixels."""
     height: int = pydantic.Field(64, ge=16)
-    camera: str = "top"  # the main camera (the reward's `frames`)
+    """Rendered frame height in pixels."""
+    camera: str = "top"
+    """The main camera: the frames the reward reads."""
     num_distractors: int = pydantic.Field(2, ge=1)
-    # vlmr/* tasks: "gradient" shades the table by position (a visual cue for rotary-only vision towers)
+    """Objects beside the named one (other targets, blocks or zones)."""
     table: Literal["plain", "gradient"] = "plain"
-    marker_radius: float = pydantic.Field(0.05, gt=0, le=0.1)  # vlmr/Reach-v0: drawn radius of targets and footprint
-    # vlmr/* tasks: False renders without specular highlights. With them, the camera straight above sees every
-    # flat marker washed pale (red as pink, the effector's dark footprint as grey); without, colours are saturated
+    """vlmr/* tasks: "gradient" shades the table by position (a visual cue for rotary-only vision towers)."""
+    marker_radius: float = pydantic.Field(0.05, gt=0, le=0.1)
+    """vlmr/Reach-v0: drawn radius of the targets and of the effector's footprint."""
     highlights: bool = True
-    # vlmr/* tasks: the colours objects are drawn from (None: all seven of robotics.tasks.COLOURS)
+    """vlmr/* tasks: False renders without specular highlights. With them, the camera straight above sees
+    every flat marker washed pale (red as pink, the effector's dark footprint as grey); without, colours
+    are saturated."""
     palette: list[str] | None = None
-    # vlmr/Push-v0: (low, high) distance from the named block's start to its zone; None: anywhere ≥ 0.17 away
+    """vlmr/* tasks: the colours objects are drawn from; None: all seven of
+    vlm_rewards.robotics.tasks.COLOURS."""
     push_distance: tuple[float, float] | None = None
-    # vlmr/Push-v0: the effector starts behind the named block, within this many degrees of the push line
-    # (30: a straight push; 180: anywhere around the block); None: anywhere
+    """vlmr/Push-v0: (low, high) distance from the named block's start to its zone; None: anywhere at
+    least 0.17 away."""
     push_start_angle: float | None = None
-    # vlmr/* tasks: how close to its goal counts as success (None: the task's own, Reach 0.04, Push and Carry 0.05)
+    """vlmr/Push-v0: the effector starts behind the named block, within this many degrees of the push line
+    (30: a straight push; 180: anywhere around the block); None: anywhere."""
     success_distance: float | None = pydantic.Field(None, gt=0)
-    max_episode_steps: int | None = None  # None: the task's default (Reach 50, Push 100, Carry 60)
-    # sparse reward only: −cost on every step without success. 1 gives the goal-reaching convention (−1 a
-    # step until success), the urgency the dense reward (progress − 1) has; 0: 1 on success, else 0
+    """vlmr/* tasks: how close to its goal counts as success; None: the task's own (Reach 0.04, Push and
+    Carry 0.05)."""
+    max_episode_steps: int | None = None
+    """Time limit of an episode; None: the task's default (Reach 50, Push 100, Carry 60)."""
     sparse_step_cost: float = pydantic.Field(0.0, ge=0)
+    """Sparse reward only: −cost on every step without success. 1 gives the goal-reaching convention (−1 a
+    step until success), the urgency the dense reward (progress − 1) has; 0: 1 on success, else 0."""
 
     @pydantic.model_validator(mode="after")
     def _task_settings_are_for_their_tasks(self) -> EnvConfig:
@@ -56,34 +80,49 @@ class EnvConfig(pydantic.BaseModel, extra="forbid"):
         return self
 
 
-class CheckpointPolicy(pydantic.BaseModel, extra="forbid"):
+class CheckpointPolicy(Settings):
     """A trained SB3 policy as a collection policy: its own states, which scripted experts do not visit."""
 
-    path: str  # an SB3 model, e.g. a `vlmr rl` run's checkpoints/model.zip
+    path: str
+    """An SB3 model, e.g. a `vlmr rl` run's checkpoints/model.zip."""
     algo: Literal["ppo", "sac"] = "sac"
-    deterministic: bool = False  # False: sample actions, as the RL loop explores
+    """The algorithm that trained it."""
+    deterministic: bool = False
+    """False: sample actions, as the RL loop explores."""
 
 
 class CollectConfig(JobConfig):
+    """`vlmr collect`: scripted (or trained) rollouts written as an episode dataset."""
+
     output: str = "runs/collect/reach"
+    """The episode dataset folder written."""
     env: EnvConfig = EnvConfig()
-    # episodes per policy: the scripted ones (robotics.experts.POLICIES) or a name of `checkpoints`
-    episodes: dict[str, int] = {"expert": 24, "noisy": 16, "wrong_object": 12, "random": 12}
-    # trained policies by name, e.g. {sac_learned0: {path: runs/carry_v1/rl/learned_seed0/checkpoints/model.zip}};
-    # their observations must be this env's (the same env settings as their RL run)
+    """The task the episodes are rolled out in."""
+    episodes: dict[str, pydantic.NonNegativeInt] = {"expert": 24, "noisy": 16, "wrong_object": 12, "random": 12}
+    """Episodes per policy (>= 0): a scripted one (POLICIES) or a name of `checkpoints`."""
     checkpoints: dict[str, CheckpointPolicy] = {}
-    noise: float = pydantic.Field(0.3, ge=0)  # action noise std of the `noisy` expert
+    """Trained policies by name, e.g. {sac_learned0: {path: runs/carry_v1/rl/learned_seed0/checkpoints/model.zip}};
+    their observations must be this env's (the same env settings as their RL run)."""
+    noise: float = pydantic.Field(0.3, ge=0)
+    """Action noise std of the `noisy` expert."""
     progress_label: Literal["geometric", "time", "stage"] = "geometric"
-    frame_stride: int = pydantic.Field(2, ge=1)  # keep every k-th frame (the first and last always)
-    # Reach and Carry: also write every rollout once per other target (Carry: zone), the instruction naming it and the
-    # geometric labels toward it (policy "<policy>_relabelled"): the same frames under different
-    # instructions get different labels, so a reward model must bind the colour word to the scene
+    """How frames are labelled with progress (see vlm_rewards.robotics.collect)."""
+    frame_stride: int = pydantic.Field(2, ge=1)
+    """Keep every k-th frame (the first and the last always)."""
     relabel_targets: bool = False
-    views: list[str] = ["front"]  # extra cameras stored as views
-    goal_reference: bool = True  # store the goal render as the episode's `reference`
+    """Reach and Carry: also write every rollout once per other target (Carry: zone), the instruction
+    naming it and the geometric labels toward it (policy "<policy>_relabelled"): the same frames under
+    different instructions get different labels, so a reward model must bind the colour word to the scene."""
+    views: list[str] = ["front"]
+    """Extra cameras stored as views."""
+    goal_reference: bool = True
+    """Store the goal render as the episode's `reference`."""
     frame_format: Literal["npz", "mp4"] = "npz"
+    """How the frames are stored."""
     fps: int = 10
+    """Frame rate of the stored clips."""
     seed: int = 0
+    """Episode j resets with seed + j; also shuffles the policy order."""
 
     @pydantic.model_validator(mode="after")
     def _policies_are_known(self) -> CollectConfig:
@@ -99,39 +138,114 @@ class CollectConfig(JobConfig):
         return self
 
 
-class PPOParams(pydantic.BaseModel, extra="forbid"):
-    n_steps: int = 128  # per env, per rollout
+# ---------------------------------------------------------------------- RL
+
+
+class PPOParams(Settings):
+    """SB3 PPO's arguments (their SB3 meaning), and the MLP sizes."""
+
+    n_steps: int = 128
+    """Env steps per env and rollout."""
     batch_size: int = 128
+    """Minibatch size of an update."""
     n_epochs: int = 10
+    """Passes over each rollout."""
     learning_rate: float = 3e-4
+    """Adam learning rate."""
     gamma: float = 0.99
+    """Discount factor."""
     gae_lambda: float = 0.95
+    """GAE's bias-variance trade-off."""
     clip_range: float = 0.2
+    """PPO's clipping of the probability ratio."""
     ent_coef: float = 0.0
+    """Weight of the entropy bonus."""
     net_arch: list[int] = [64, 64]
+    """Hidden layer sizes of the policy and value MLPs."""
 
 
-class SACParams(pydantic.BaseModel, extra="forbid"):
+class SACParams(Settings):
+    """SB3 SAC's arguments (their SB3 meaning), and the MLP sizes."""
+
     learning_rate: float = 1e-3
+    """Adam learning rate."""
     buffer_size: int = 100_000
+    """Replay buffer capacity, in transitions."""
     batch_size: int = 256
+    """Minibatch size of an update."""
     learning_starts: int = 500
+    """Env steps collected before the first update."""
     train_freq: int = 1
+    """Env steps between updates."""
     gradient_steps: int = 1
+    """Gradient steps per update."""
     gamma: float = 0.99
+    """Discount factor."""
     tau: float = 0.005
-    # "auto_<init>": learned, starting at <init>; SB3's default start of 1.0 drowns rewards in [-1, 0]
+    """Soft update coefficient of the target networks."""
     ent_coef: str | float = "auto_0.05"
+    """Entropy weight; "auto_<init>": learned, starting at <init> (SB3's default start of 1.0 drowns
+    rewards in [-1, 0])."""
     net_arch: list[int] = [128, 128]
+    """Hidden layer sizes of the actor and critic MLPs."""
 
 
-class RewardChoice(pydantic.BaseModel, extra="forbid"):
+def check_ppo_batch(algo: str, ppo: PPOParams, env: EnvConfig) -> None:
+    """PPO's minibatches are drawn from one rollout of n_steps * num_envs transitions: a larger batch_size is
+    an error (SB3 would silently train on the whole rollout as one batch)."""
+    rollout = ppo.n_steps * env.num_envs
+    if algo == "ppo" and ppo.batch_size > rollout:
+        raise ValueError(
+            f"ppo.batch_size={ppo.batch_size} is larger than a rollout of ppo.n_steps * env.num_envs = "
+            f"{ppo.n_steps} * {env.num_envs} = {rollout} transitions; use a batch_size <= {rollout}"
+        )
+
+
+class RewardWrapperConfig(Settings):
+    """How a learned reward enters the env reward (the formulas: vlm_rewards.robotics.reward_wrapper)."""
+
+    mode: Literal["replace", "add", "shaping"] = "shaping"
+    """replace: the reward alone; add: on top of the env reward; shaping: potential-based shaping."""
+    gamma: float = pydantic.Field(0.99, ge=0, le=1)
+    """The shaping discount; use the RL algorithm's."""
+    scale: float = 1.0
+    """Multiplies the reward's progress (or its step, in shaping)."""
+    terminal_potential: Literal["zero", "predicted"] = "zero"
+    """Shaping: zero takes Φ = 0 at terminal states (the optimal policy unchanged); predicted keeps the
+    reward's prediction."""
+    success_bonus: float = 0.0
+    """Added on the steps that succeed."""
+    normalize: bool = False
+    """Divide the reward by its running std."""
+    normalize_center: bool = False
+    """With normalize, also subtract the running mean; scale-only keeps the sign of the reward (a success
+    stays a gain)."""
+    camera: str = "top"
+    """The camera whose frames the reward reads."""
+    views: list[str] = []
+    """Extra cameras sent as `views` (for rewards that read several cameras)."""
+    goal_image: bool = False
+    """Send the env's goal render as `reference` (`vlmr rl`: on for any reward that needs one)."""
+    reward_every: int = pydantic.Field(1, ge=0)
+    """Call the reward every step (1), every k steps (k), or at rollout end only (0)."""
+    async_inference: bool = False
+    """With reward_every 1: run the reward call in a worker thread while the envs step on."""
+    on_error: Literal["raise", "env_reward"] = "raise"
+    """When a reward call fails: raise, or fall back to the env reward for that call (logged)."""
+    monitor_key: str = "dense_reward"
+    """The info key of the true reward that the hacking monitor correlates with."""
+
+
+class RewardChoice(Settings):
     """sparse / dense: the env's own reward; learned: any reward config through the wrapper;
     goal_image: `goal_pixel_progress` against the env's goal render, through the wrapper."""
 
     source: Literal["sparse", "dense", "learned", "goal_image"] = "sparse"
-    config: str | None = None  # reward YAML (path or shipped name) for source=learned
+    """Where the RL reward comes from."""
+    config: str | None = None
+    """source=learned: the reward YAML (a path or a shipped name)."""
     wrapper: RewardWrapperConfig = RewardWrapperConfig()
+    """How a learned or goal-image reward enters the env reward."""
 
     @pydantic.model_validator(mode="after")
     def _config_for_learned(self) -> RewardChoice:
@@ -140,29 +254,54 @@ class RewardChoice(pydantic.BaseModel, extra="forbid"):
         return self
 
 
-class EvalConfig(pydantic.BaseModel, extra="forbid"):
-    every: int = pydantic.Field(2048, ge=1)  # env steps between evaluations
-    episodes: int = pydantic.Field(10, ge=1)  # on fixed seeds seed_start, seed_start + 1, ...
+class EvalConfig(Settings):
+    """Success rate on fixed seeds during training."""
+
+    every: int = pydantic.Field(2048, ge=1)
+    """Env steps between evaluations."""
+    episodes: int = pydantic.Field(10, ge=1)
+    """Episodes per evaluation, on the fixed seeds seed_start, seed_start + 1, ..."""
     seed_start: int = 10_000
-    video: bool = True  # an mp4 of the first evaluation episode at each evaluation
+    """The first evaluation seed."""
+    video: bool = True
+    """Write an mp4 of the first evaluation episode at each evaluation."""
 
 
 class RLConfig(JobConfig):
+    """`vlmr rl`: SB3 PPO or SAC on a task with a sparse, dense, learned or goal-image reward."""
+
     run_dir: str = "runs/rl/reach_sparse"
+    """The run folder: config, logs, evaluations, videos and checkpoints."""
     algo: Literal["ppo", "sac"] = "ppo"
+    """The RL algorithm; its settings are the section of the same name."""
     env: EnvConfig = EnvConfig()
+    """The task trained on."""
     reward: RewardChoice = RewardChoice()
+    """The reward the policy is trained with."""
     total_timesteps: int = pydantic.Field(20_000, ge=1)
+    """The env step budget (a resumed run trains up to it)."""
     ppo: PPOParams = PPOParams()
+    """Settings of algo=ppo."""
     sac: SACParams = SACParams()
+    """Settings of algo=sac."""
     eval: EvalConfig = EvalConfig()
-    checkpoint_every: int = pydantic.Field(4096, ge=1)  # env steps
-    # also keep each checkpoint's policy as checkpoints/model_<steps>.zip: the early policies a reward's
-    # next round of data can roll out (`vlmr collect` checkpoints)
+    """Evaluation on fixed seeds."""
+    checkpoint_every: int = pydantic.Field(4096, ge=1)
+    """Env steps between checkpoints."""
     keep_policy_snapshots: bool = False
-    resume: bool = True  # continue from run_dir/checkpoints if it holds one
+    """Also keep each checkpoint's policy as checkpoints/model_<steps>.zip: the early policies a reward's
+    next round of data can roll out (`vlmr collect` checkpoints)."""
+    resume: bool = True
+    """Continue from run_dir/checkpoints if it holds one."""
     seed: int = 0
+    """Seeds the envs and the algorithm."""
     device: str = "cpu"
+    """The torch device of the policy (and of the pipeline's learned reward)."""
+
+    @pydantic.model_validator(mode="after")
+    def _ppo_batch_fits_the_rollout(self) -> RLConfig:
+        check_ppo_batch(self.algo, self.ppo, self.env)
+        return self
 
     @pydantic.model_validator(mode="after")
     def _consistent(self) -> RLConfig:
@@ -178,3 +317,274 @@ class RLConfig(JobConfig):
                 "keeps the optimal policy only with the algorithm's discount"
             )
         return self
+
+
+# ---------------------------------------------------------------------- pipeline
+
+Condition = Literal["sparse", "dense", "learned", "goal_image", "scripted"]
+# the shipped hand-written frame-reading rewards of the `scripted` condition, per (task, env.highlights):
+# their palettes hold the colours as the camera renders them, which the highlights change
+SCRIPTED_REWARDS = {
+    ("vlmr/Reach-v0", True): "reach_marker_progress",
+    ("vlmr/Reach-v0", False): "reach_marker_progress_matte",
+    ("vlmr/Push-v0", True): "push_marker_progress",
+    ("vlmr/Carry-v0", False): "carry_marker_progress_matte",
+}
+# held-out episodes at k x the episode length reset with seeds from collect.seed + k * this: past any training
+# rollout (rollout j resets with collect.seed + j), so no held-out episode starts where a training one did
+HELD_OUT_SEED_STRIDE = 1_000_000
+
+
+def _default_env() -> EnvConfig:
+    # −1 a step until success: the urgency without which shaped policies stop short of the target
+    return EnvConfig(max_episode_steps=30, sparse_step_cost=1.0)
+
+
+def _default_collect() -> CollectConfig:
+    return CollectConfig(
+        episodes={"expert": 48, "noisy": 32, "wrong_object": 32, "random": 16}, views=[], frame_stride=1
+    )
+
+
+def _default_stage1() -> TrainRMConfig:
+    synthetic = {"num_episodes": 600, "num_pairs": 1500, "num_frames": 8}
+    return TrainRMConfig(
+        model={"reward": {"task": "preference", "head": "scalar"}},
+        data={"synthetic_train": synthetic},
+        optim={"steps": 600},
+    )
+
+
+def _default_progress_rm() -> TrainRMConfig:
+    return TrainRMConfig(
+        model={"reward": {"max_frames": 128}},
+        data={"augment": {"rewind": 0.1, "stall": 0.05, "subsample": 0.3}},
+        optim={"steps": 600, "batch_size": 12},
+        eval_every=600,
+        save_every=200,
+    )
+
+
+def _default_rl() -> RLConfig:
+    return RLConfig(
+        algo="sac",
+        total_timesteps=4000,
+        reward={"wrapper": {"scale": 10.0}},  # the shaping term against the step cost of 1
+        eval={"every": 1000, "video": False},
+    )
+
+
+class RewardWindow(Settings):
+    """The RM read frame by frame (`frame_window` reward): frame t scored as the clip [frame 0] + the last
+    `window` frames up to t, so the potential is a function of what the frames show, not of the path."""
+
+    window: int = pydantic.Field(1, ge=1)
+    """Frames up to t in each scored clip."""
+    keep_first: bool = True
+    """Put the episode's first frame in front of each clip."""
+
+
+class PipelineConfig(JobConfig):
+    """`vlmr pipeline`: every knob of the stages; `env` is shared by collection and RL. Trainer and RL
+    sections are the `vlmr train-rm` / `vlmr rl` configs (their output folders and data paths are set by
+    the pipeline)."""
+
+    output_dir: Path = Path("runs/pipeline")
+    """The folder of every stage's output and of the report."""
+    env: EnvConfig = pydantic.Field(default_factory=_default_env)
+    """The task, for collection and RL."""
+    collect: CollectConfig = pydantic.Field(default_factory=_default_collect)
+    """The training episodes (its env and output are set by the pipeline)."""
+    eval_episodes: dict[str, int] = {"expert": 8, "noisy": 4, "wrong_object": 4, "random": 4}
+    """Held-out episodes per policy: a scripted one or a name of collect.checkpoints (an RL policy's own
+    states)."""
+    eval_length_factors: list[int] = [1, 2]
+    """Held-out episodes at k times the training episode length, one set per k."""
+    preference_stage: TrainRMConfig | None = pydantic.Field(default_factory=_default_stage1)
+    """A preference RM on ShapesWorld pairs the progress RM starts from (grounds the colour words);
+    None: skip it."""
+    progress_rm: TrainRMConfig = pydantic.Field(default_factory=_default_progress_rm)
+    """The progress RM trained on the collected episodes (`max_frames` must cover the RL episode + 1)."""
+    progress_rm_continued: list[dict] = []
+    """Further progress-RM stages, each a partial `vlmr train-rm` config merged into progress_rm and
+    started from the model of the stage before, e.g. {optim: {steps: 3000, lr: 3.0e-4}, data: {clip_frames:
+    null}}: whole episodes after 8-frame clips. The RL conditions use the last stage's model."""
+    earlier_training_data: list[Path] = []
+    """Episode folders of earlier rounds the RM trains on beside this run's own data/train (a round of new
+    rollouts that keeps what the earlier rounds collected); each is read as is, none is copied."""
+    reward_window: RewardWindow | None = None
+    """Read the RM frame by frame; None: the RM streams whole episodes (its context grows with t)."""
+    rl: RLConfig = pydantic.Field(default_factory=_default_rl)
+    """The RL runs of every condition and seed (run_dir, env, reward source and seed set by the pipeline)."""
+    conditions: list[Condition] = ["sparse", "dense", "learned", "scripted"]
+    """The rewards RL is run with, under equal budgets."""
+    scripted_reward: str | None = None
+    """The reward YAML (path or shipped name) of `scripted`; None: the task's shipped one (SCRIPTED_REWARDS)."""
+    seeds: list[int] = [0]
+    """RL seeds per condition."""
+    hacking_rise: float = 0.2
+    """Flagged as hacked: learned progress rose by this much while success stayed below 0.2."""
+
+    @pydantic.model_validator(mode="after")
+    def _scripted_reward_for_the_task(self) -> PipelineConfig:
+        scene = (self.env.id, self.env.highlights)
+        if "scripted" in self.conditions and self.scripted_reward is None and scene not in SCRIPTED_REWARDS:
+            raise ValueError(
+                f"conditions has 'scripted' and no scripted_reward; there is no shipped one for env.id "
+                f"{self.env.id!r} with env.highlights {self.env.highlights} (only for (id, highlights) "
+                f"{sorted(SCRIPTED_REWARDS)}): set scripted_reward or drop 'scripted'"
+            )
+        return self
+
+    @pydantic.model_validator(mode="after")
+    def _ppo_batch_fits_the_rollout(self) -> PipelineConfig:
+        try:  # with the env the RL runs get (the rl section was checked with its own)
+            check_ppo_batch(self.rl.algo, self.rl.ppo, self.env)
+        except ValueError as error:
+            raise ValueError(f"rl: {error}") from None
+        return self
+
+    @pydantic.model_validator(mode="after")
+    def _held_out_policies_are_known(self) -> PipelineConfig:
+        try:
+            self.collect.model_validate({**self.collect.model_dump(), "episodes": self.eval_episodes})
+        except pydantic.ValidationError as error:
+            raise ValueError(f"eval_episodes: {format_validation_error(error)}") from None
+        return self
+
+    @pydantic.model_validator(mode="after")
+    def _reset_seeds_are_disjoint(self) -> PipelineConfig:
+        ranges = {"collect (training rollouts)": (self.collect.seed, sum(self.collect.episodes.values()))}
+        for factor in self.eval_length_factors:
+            ranges[f"eval_{factor}x (held out)"] = (self.held_out_seed(factor), sum(self.eval_episodes.values()))
+        ranges["rl.eval"] = (self.rl.eval.seed_start, self.rl.eval.episodes)
+        named = sorted(ranges.items(), key=lambda item: item[1][0])
+        for (first, (start, count)), (second, (next_start, _)) in zip(named, named[1:]):
+            if start + count > next_start:
+                raise ValueError(
+                    f"the reset seeds of {first} ({start}..{start + count - 1}) reach into those of {second} (from "
+                    f"{next_start}): the same start states would be in both; move collect.seed or rl.eval.seed_start"
+                )
+        return self
+
+    def held_out_seed(self, factor: int) -> int:
+        return self.collect.seed + HELD_OUT_SEED_STRIDE * factor
+
+    @pydantic.model_validator(mode="after")
+    def _continued_stages_are_trainer_configs(self) -> PipelineConfig:
+        self.continued_progress_stages()  # a bad key or value fails here, naming the stage
+        return self
+
+    def continued_progress_stages(self) -> list[TrainRMConfig]:
+        base = self.progress_rm.model_dump(mode="json")
+        stages = []
+        for index, update in enumerate(self.progress_rm_continued, start=1):
+            try:
+                stages.append(TrainRMConfig.model_validate(deep_merge(base, update)))
+            except pydantic.ValidationError as error:
+                raise ValueError(f"progress_rm_continued[{index - 1}]: {format_validation_error(error)}") from None
+        return stages
+
+    @property
+    def scripted_reward_config(self) -> str | None:
+        return self.scripted_reward or SCRIPTED_REWARDS.get((self.env.id, self.env.highlights))
+
+
+# ---------------------------------------------------------------------- grounding sets
+
+
+class GroundingConfig(JobConfig):
+    """`vlmr grounding-sets`: probe sets that tell whether an RM matches a colour word to the pixels."""
+
+    source: Path = Path("runs/collect/reach")
+    """A `vlmr collect` dataset of vlmr/Reach-v0 (not relabelled)."""
+    output: Path = Path("runs/grounding/presence")
+    """The episode dataset folder written."""
+    kind: Literal["presence", "pixels", "text"] = "presence"
+    """Which probe set (see vlm_rewards.robotics.grounding)."""
+    frames_per_episode: int = pydantic.Field(4, ge=1)
+    """Evenly spaced frames kept of each episode."""
+    pixel_colour: str = "red"
+    """kind=pixels: the one colour every instruction names."""
+    text_colours: list[str] = ["red", "green", "blue"]
+    """kind=text: the colour words labelled 1."""
+    seed: int = 0
+    """Draws the distractor and absent colours."""
+
+    @pydantic.field_validator("pixel_colour")
+    @classmethod
+    def _known_colour(cls, colour: str) -> str:
+        colours = _scene_colours()
+        if colour not in colours:
+            raise ValueError(f"pixel_colour {colour!r}; expected one of {colours}")
+        return colour
+
+    @pydantic.field_validator("text_colours")
+    @classmethod
+    def _known_colours(cls, chosen: list[str]) -> list[str]:
+        colours = _scene_colours()
+        if set(chosen) - set(colours) or not chosen:
+            raise ValueError(f"text_colours {chosen}; expected a non-empty subset of {colours}")
+        return chosen
+
+
+def _scene_colours() -> list[str]:
+    """The colour names of the vlmr/* tasks (imported here: the tasks module loads MuJoCo)."""
+    from vlm_rewards.robotics.tasks import COLOURS
+
+    return sorted(COLOURS)
+
+
+class ShapesSource(Settings):
+    """ShapesWorld questions in the backbone's pretraining (`vlm_rewards.data.questions.ShapesQuestions`)."""
+
+    weight: float = pydantic.Field(0.5, ge=0)
+    """Share of the question stream, relative to the other sources' weights."""
+    frame_size: int = pydantic.Field(56, ge=16)
+    """Height and width of the frames in pixels."""
+    num_frames: int = pydantic.Field(8, ge=2)
+    """Frames per episode that two-frame questions (closer, order) pick from."""
+    held_out: list[tuple[str, str]] = [("green", "triangle")]
+    """(colour, shape) pairs never shown in pretraining: a combination the backbone meets first downstream."""
+
+
+class ReachSource(Settings):
+    """Reach scenes in the backbone's pretraining (`vlm_rewards.robotics.questions`); Push and Carry stay out."""
+
+    weight: float = pydantic.Field(0.5, ge=0)
+    """Share of the question stream, relative to the other sources' weights."""
+    env: EnvConfig = pydantic.Field(default_factory=lambda: EnvConfig(num_envs=1))
+    """The Reach env that renders the pool (its id must be vlmr/Reach-v0)."""
+    num_episodes: int = pydantic.Field(2000, ge=1)
+    """Episodes rendered into the training pool (cached in output_dir/reach_pool.npz)."""
+    eval_episodes: int = pydantic.Field(100, ge=1)
+    """Episodes of the separate evaluation pool (other reset seeds)."""
+    num_frames: int = pydantic.Field(12, ge=2)
+    """Frames kept per episode."""
+    steps_per_frame: int = pydantic.Field(4, ge=1)
+    """Env steps between kept frames."""
+
+    @pydantic.field_validator("env")
+    @classmethod
+    def _reach_only(cls, env: EnvConfig) -> EnvConfig:
+        if env.id != "vlmr/Reach-v0":
+            raise ValueError(f"env.id {env.id!r}: the pretraining corpus renders vlmr/Reach-v0 only (Push and Carry "
+                             "are the held-out task family)")  # fmt: skip
+        return env
+
+
+class BackboneConfig(JobConfig):
+    """`vlmr pretrain-backbone`: a small Qwen2.5-VL pretrained on questions about ShapesWorld and Reach frames."""
+
+    output_dir: OutputDir = Path("runs/backbone")
+    """The run folder: the Reach pools, checkpoints, logs, eval.jsonl, curves.png and the exported `model/`."""
+    training: BackboneTraining = pydantic.Field(default_factory=BackboneTraining)
+    """The backbone's shape, the optimizer and the checkpoints."""
+    shapes: ShapesSource = pydantic.Field(default_factory=ShapesSource)
+    """ShapesWorld questions."""
+    reach: ReachSource = pydantic.Field(default_factory=ReachSource)
+    """Reach questions."""
+    eval_questions: int = pydantic.Field(240, ge=1)
+    """Fixed evaluation questions per source (and for the held-out pairs), drawn from held-out seeds."""
+    seed: int = 0
+    """Seed of the rendered pools and of the evaluation questions (the training stream's is training.seed)."""

@@ -9,12 +9,12 @@ import gymnasium as gym
 from stable_baselines3.common.monitor import Monitor
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv
 
-import robotics.tasks  # noqa: F401 - registers the vlmr/* envs
-from robotics.config import VLMR_SETTINGS, EnvConfig
-from robotics.frames import CameraFrames
+import vlm_rewards.robotics.tasks  # noqa: F401 - registers the vlmr/* envs
+from vlm_rewards.robotics.config import VLMR_SETTINGS, EnvConfig
+from vlm_rewards.robotics.frames import CameraFrames
 
 if importlib.util.find_spec("metaworld"):  # the optional extra, in its own venv (scripts/setup_metaworld.sh)
-    import robotics.metaworld  # noqa: F401 - registers the metaworld/<task> envs
+    import vlm_rewards.robotics.metaworld  # noqa: F401 - registers the metaworld/<task> envs
 
 
 def make_env(

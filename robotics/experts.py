@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from robotics.tasks import BLOCK_HALF, EE_RADIUS, WORKSPACE, CarryEnv, PushEnv, ReachEnv
+from vlm_rewards.robotics.config import POLICIES
+from vlm_rewards.robotics.tasks import BLOCK_HALF, EE_RADIUS, WORKSPACE, CarryEnv, PushEnv, ReachEnv
 
-POLICIES = ("expert", "noisy", "wrong_object", "random", "detour")
 GAIN = 12.0  # action per metre of position error; saturates beyond ~8 cm
 DETOUR_REACHED = 0.03  # the detour ends once the effector is this close to its waypoint
 

@@ -56,7 +56,7 @@ class CameraFrames(gym.Wrapper):
 
     def known_cameras(self) -> tuple[str, ...]:
         if hasattr(self.task, "render_cameras"):
-            from robotics.tasks import CAMERAS
+            from vlm_rewards.robotics.tasks import CAMERAS
 
             return tuple(getattr(self.task, "cameras", CAMERAS))
         return (DEFAULT_CAMERA,)

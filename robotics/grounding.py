@@ -22,52 +22,24 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import replace
-from pathlib import Path
-from typing import Literal
 
 import numpy as np
-import pydantic
 
-from robotics.config import EnvConfig
-from robotics.tasks import COLOURS, reach_instruction
-from vlm_rewards.config import JobConfig
-from vlm_rewards.data.build import Track, untracked
 from vlm_rewards.data.episodes import EpisodeDataset, EpisodeRecord, write_episodes
+from vlm_rewards.robotics.config import EnvConfig, GroundingConfig
+from vlm_rewards.robotics.tasks import COLOURS, reach_instruction
+from vlm_rewards.tracking import Track, untracked
 
-Kind = Literal["presence", "pixels", "text"]
-
-
-class GroundingConfig(JobConfig):
-    source: Path = Path("runs/collect/reach")  # a `vlmr collect` dataset of vlmr/Reach-v0 (not relabelled)
-    output: Path = Path("runs/grounding/presence")
-    kind: Kind = "presence"
-    frames_per_episode: int = pydantic.Field(4, ge=1)
-    pixel_colour: str = "red"  # kind pixels: the one colour every instruction names
-    text_colours: list[str] = ["red", "green", "blue"]  # kind text: the colour words labelled 1
-    seed: int = 0  # draws the distractor and absent colours
-
-    @pydantic.field_validator("pixel_colour")
-    @classmethod
-    def _known_colour(cls, colour: str) -> str:
-        if colour not in COLOURS:
-            raise ValueError(f"pixel_colour {colour!r}; expected one of {sorted(COLOURS)}")
-        return colour
-
-    @pydantic.field_validator("text_colours")
-    @classmethod
-    def _known_colours(cls, colours: list[str]) -> list[str]:
-        unknown = sorted(set(colours) - set(COLOURS))
-        if unknown or not colours:
-            raise ValueError(f"text_colours {colours}; expected a non-empty subset of {sorted(COLOURS)}")
-        return colours
+# `meta.json` generator names of `vlmr collect` datasets (before the package moved under vlm_rewards too)
+COLLECT_GENERATORS = ("vlm_rewards.robotics.collect", "robotics.collect")
 
 
 def scenes(source: EpisodeDataset, track: Track | None = None) -> Iterator[tuple[EpisodeRecord, list[str], str]]:
     """Each episode with its scene's disc colours and the named one, from the env reset with its seed."""
-    from robotics.envs import make_env
+    from vlm_rewards.robotics.envs import make_env
 
     generator = source.meta.get("generator") or {}
-    if generator.get("name") != "robotics.collect" or generator.get("env", {}).get("id") != "vlmr/Reach-v0":
+    if generator.get("name") not in COLLECT_GENERATORS or generator.get("env", {}).get("id") != "vlmr/Reach-v0":
         raise ValueError(f"{source.root}: expected a `vlmr collect` dataset of vlmr/Reach-v0 (meta.json generator)")
     if generator.get("relabel_targets"):
         raise ValueError(f"{source.root}: relabelled datasets do not map episode ids to reset seeds; collect without")
@@ -119,5 +91,5 @@ def _variants(config: GroundingConfig, rng: np.random.Generator, colours: list[s
 
 
 def build_grounding_set(config: GroundingConfig, track: Track | None = None) -> EpisodeDataset:
-    generator = {"name": "robotics.grounding", **config.model_dump(mode="json")}
+    generator = {"name": "vlm_rewards.robotics.grounding", **config.model_dump(mode="json")}
     return write_episodes(config.output, grounding_records(config, track), "npz", generator=generator)

@@ -3,7 +3,7 @@ pins mujoco 3.3; `scripts/setup_metaworld.sh`).
 
 Importing this module registers `metaworld/<task>` for every v3 task of the installed Meta-World
 (`metaworld/reach-v3`, `metaworld/push-v3`, ... the 50 of MT50), so `env.id: metaworld/reach-v3` works
-in `robotics.envs.make_env` and in the collect and rl configs. Each env:
+in `vlm_rewards.robotics.envs.make_env` and in the collect and rl configs. Each env:
 
 - acts on Meta-World's 39-d goal-observable state with its 4-d action (hand delta xyz, gripper);
 - draws a new object and goal layout on every reset, from `reset(seed=...)`;
@@ -30,6 +30,8 @@ import mujoco
 import numpy as np
 from metaworld.env_dict import ALL_V3_ENVIRONMENTS_GOAL_OBSERVABLE
 from metaworld.policies import ENV_POLICY_MAP
+
+from vlm_rewards.robotics.tasks import open_renderer
 
 TASKS = tuple(metaworld.ALL_V3_ENVIRONMENTS)  # every v3 task name, "assembly-v3" ... "window-close-v3"
 MAX_EPISODE_STEPS = 500  # Meta-World's own horizon (max_path_length)
@@ -196,10 +198,7 @@ class MetaWorldEnv(gym.Env):
         if camera not in self.cameras:
             raise ValueError(f"camera {camera!r}; Meta-World has cameras {self.cameras}")
         if self._renderer is None:
-            self._renderer = mujoco.Renderer(self.sim.model, self.height, self.width)
-            for flag in (mujoco.mjtRndFlag.mjRND_SHADOW, mujoco.mjtRndFlag.mjRND_REFLECTION,
-                         mujoco.mjtRndFlag.mjRND_SKYBOX):  # fmt: skip
-                self._renderer.scene.flags[flag] = False
+            self._renderer = open_renderer(self.sim.model, self.height, self.width)
         self._renderer.update_scene(self.sim.data, camera=camera)
         return np.ascontiguousarray(self._renderer.render()[::-1])
 

@@ -3,7 +3,7 @@
 - `GymVectorReward`: a gymnasium `VectorWrapper` (autoreset mode NEXT_STEP, gymnasium's default).
 - `SB3VecReward`: a stable-baselines3 `VecEnvWrapper` (SB3 resets an env in the step that ends it).
 
-Each env is wrapped in `robotics.frames.CameraFrames`, so frames arrive in `info` (rendered in the
+Each env is wrapped in `vlm_rewards.robotics.frames.CameraFrames`, so frames arrive in `info` (rendered in the
 env workers). The core keeps one `RewardSession` stream per env and makes ONE batched
 `session.append` per reward call, every frame of every stream in it; a causal reward's session
 does O(1) model work per frame.
@@ -25,8 +25,9 @@ When the reward is called (`reward_every`):
   runs in a worker thread while the envs step on and the rewards are delivered by `flush()`;
 - k > 1: every k steps, and at every episode end; 0: only at episode ends and at `flush()`
   (rollout-end relabel). Both need a causal reward (so later frames cannot change earlier values)
-  and give the same values as calling every step. Deferred rewards are returned as 0 by `step`
-  and delivered by `flush()` as (step, env, reward); `robotics.callbacks.RewardCallback` adds them
+  and give the same values as calling every step, normalised ones too (the statistics are updated
+  one env step at a time). Deferred rewards are returned as 0 by `step`
+  and delivered by `flush()` as (step, env, reward); `vlm_rewards.robotics.callbacks.RewardCallback` adds them
   into SB3's rollout buffer (PPO) or replay buffer (SAC) at rollout end, before the update.
 """
 
@@ -37,37 +38,17 @@ import math
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Literal
 
 import gymnasium as gym
 import numpy as np
-import pydantic
 from gymnasium.vector import AutoresetMode, VectorWrapper
 from stable_baselines3.common.vec_env import VecEnv, VecEnvWrapper
 
 from vlm_rewards.interface import REFERENCE, RewardModel, RewardSession
 from vlm_rewards.normalization import RunningMeanStd
+from vlm_rewards.robotics.config import RewardWrapperConfig
 
 logger = logging.getLogger("vlm_rewards.robotics.reward")
-
-
-class RewardWrapperConfig(pydantic.BaseModel, extra="forbid"):
-    """How a learned reward enters the env reward (see the module docstring for the formulas)."""
-
-    mode: Literal["replace", "add", "shaping"] = "shaping"
-    gamma: float = pydantic.Field(0.99, ge=0, le=1, description="the shaping discount; use the RL algorithm's")
-    scale: float = 1.0
-    terminal_potential: Literal["zero", "predicted"] = "zero"
-    success_bonus: float = 0.0
-    normalize: bool = False
-    normalize_center: bool = False  # scale-only keeps the sign of the reward (a success stays a gain)
-    camera: str = "top"
-    views: list[str] = []  # extra cameras sent as `views` (for rewards that read several cameras)
-    goal_image: bool = False  # send the env's goal render as `reference` (`vlmr rl`: on for any reward that needs one)
-    reward_every: int = pydantic.Field(1, ge=0, description="1: every step; k: every k steps; 0: rollout end")
-    async_inference: bool = False
-    on_error: Literal["raise", "env_reward"] = "raise"  # env_reward: fall back for that call, logged
-    monitor_key: str = "dense_reward"  # info key of the true reward the hacking monitor correlates with
 
 
 @dataclass
@@ -255,7 +236,7 @@ class RewardStreams:
         return potentials
 
     def _transition_rewards(self, frames: list[list[_Frame]], potentials: list[np.ndarray]) -> list:
-        config, results, totals = self.config, [], []
+        results = []
         for i, (stream, values) in enumerate(zip(frames, potentials)):
             for frame, potential in zip(stream, values):
                 previous, self._last_potential[i] = self._last_potential[i], potential
@@ -263,14 +244,23 @@ class RewardStreams:
                     continue
                 total = self._combine(frame, previous, potential)
                 results.append((*frame.slot, total))
-                totals.append(total)
                 self.monitor.append(MonitorRecord(potential, total, frame.env_reward, frame.true_reward, frame.success))
-        values = np.array(totals)
-        if config.normalize and len(values):
-            self.normalizer.update(values)
-            values = self.normalizer.normalize(values, center=config.normalize_center)
-            results = [(step, env, float(value)) for (step, env, _), value in zip(results, values)]
-        return results
+        return self._normalize(results) if self.config.normalize else results
+
+    def _normalize(self, results: list[tuple[int, int, float]]) -> list[tuple[int, int, float]]:
+        """Scales the rewards by the running std (centred first with normalize_center) one env step at a time,
+        in step order: each step's rewards enter the statistics, then are scaled, so a call that covers several
+        steps (reward_every != 1) gives the values that calls every step give."""
+        by_step: dict[int, list[tuple[int, float]]] = {}
+        for step, env, value in results:
+            by_step.setdefault(step, []).append((env, value))
+        normalized = []
+        for step in sorted(by_step):
+            envs, values = zip(*by_step[step])
+            self.normalizer.update(np.array(values))
+            scaled = self.normalizer.normalize(np.array(values), center=self.config.normalize_center)
+            normalized += [(step, env, float(value)) for env, value in zip(envs, scaled)]
+        return normalized
 
     def _combine(self, frame: _Frame, previous: float, potential: float) -> float:
         config = self.config
@@ -295,7 +285,7 @@ def _instruction(info: dict) -> str:
 def _frames(info: dict) -> dict[str, np.ndarray]:
     frames = info.get("frames")
     if not isinstance(frames, dict):
-        raise ValueError("step info has no 'frames'; wrap each env in robotics.frames.CameraFrames")
+        raise ValueError("step info has no 'frames'; wrap each env in vlm_rewards.robotics.frames.CameraFrames")
     return frames
 
 
@@ -357,7 +347,11 @@ class GymVectorReward(VectorWrapper):
 
 
 class SB3VecReward(VecEnvWrapper):
-    """The learned reward on an SB3 `VecEnv` (each env in `CameraFrames`; SB3 resets in the same step)."""
+    """The learned reward on an SB3 `VecEnv` (each env in `CameraFrames`; SB3 resets in the same step).
+
+    Reset infos come from the innermost VecEnv (`venv.unwrapped`): a `VecEnvWrapper` between (VecMonitor,
+    VecNormalize, ...) holds empty ones of its own.
+    """
 
     def __init__(self, venv: VecEnv, reward: RewardModel, config: RewardWrapperConfig):
         super().__init__(venv)
@@ -365,7 +359,7 @@ class SB3VecReward(VecEnvWrapper):
 
     def reset(self):
         obs = self.venv.reset()
-        self.streams.begin_episodes(range(self.num_envs), self.venv.reset_infos)
+        self.streams.begin_episodes(range(self.num_envs), self.venv.unwrapped.reset_infos)
         return obs
 
     def step_wait(self):
@@ -375,7 +369,8 @@ class SB3VecReward(VecEnvWrapper):
         for info in infos:
             info.pop("frames", None)  # frames are not kept in SB3's info buffers
         done = np.flatnonzero(dones)
-        self.streams.begin_episodes(done, [self.venv.reset_infos[i] for i in done])
+        reset_infos = self.venv.unwrapped.reset_infos
+        self.streams.begin_episodes(done, [reset_infos[i] for i in done])
         return obs, rewards.astype(np.float32), dones, infos
 
     def close(self) -> None:

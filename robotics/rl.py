@@ -4,7 +4,8 @@ The run folder holds: `config.yaml`, `tensorboard/` and `progress.csv` (SB3 logg
 monitor under `reward/`), `eval.jsonl` (success rate on fixed seeds per evaluation), `monitor.jsonl`,
 `videos/eval_<steps>.mp4`, `learning_curve.png`, `summary.json` and `checkpoints/` (the SB3 model,
 the reward normaliser's state, SAC's replay buffer, timesteps). A run restarted with the same
-run_dir continues from its checkpoint (`resume: true`).
+run_dir continues from its checkpoint (`resume: true`), its logs cut back to the checkpoint's step
+(`vlm_rewards.robotics.run_logs`).
 """
 
 from __future__ import annotations
@@ -18,14 +19,16 @@ import numpy as np
 import yaml
 from stable_baselines3 import PPO, SAC
 from stable_baselines3.common.callbacks import CallbackList
-from stable_baselines3.common.logger import configure
 
-from robotics.callbacks import EvalCheckpointCallback, RewardCallback, evaluate_success
-from robotics.config import RLConfig
-from robotics.envs import make_env, make_sb3_vec
-from robotics.reward_wrapper import SB3VecReward
 from vlm_rewards.interface import REFERENCE, RewardModel
+from vlm_rewards.models.device import resolve_device
 from vlm_rewards.registry import build_reward
+from vlm_rewards.robotics.callbacks import EvalCheckpointCallback, RewardCallback, evaluate_success
+from vlm_rewards.robotics.config import RLConfig
+from vlm_rewards.robotics.envs import make_env, make_sb3_vec
+from vlm_rewards.robotics.report import read_jsonl
+from vlm_rewards.robotics.reward_wrapper import SB3VecReward
+from vlm_rewards.robotics.run_logs import continue_logs
 
 logger = logging.getLogger("vlm_rewards.robotics.rl")
 ALGORITHMS = {"ppo": PPO, "sac": SAC}
@@ -45,11 +48,13 @@ class RLRun:
 
     def __init__(self, config: RLConfig, reward: RewardModel | None = None):
         self.config = config
+        self.device = resolve_device(config.device)  # a device this machine lacks fails before anything starts
         self.dir = Path(config.run_dir)
         self.checkpoints = self.dir / "checkpoints"
         self.reward = reward if reward is not None else build_rl_reward(config)
         self.venv, self.streams = self._make_training_env()
         self.model = self._make_or_load_model()
+        self.model.set_logger(continue_logs(self.dir, int(self.model.num_timesteps)))
         self.eval_history = read_jsonl(self.dir / "eval.jsonl")
 
     # ------------------------------------------------------------------ setup
@@ -81,14 +86,13 @@ class RLRun:
         model_path = self.checkpoints / "model.zip"
         if config.resume and model_path.is_file():
             logger.info("resuming from %s", model_path)
-            model = algorithm.load(model_path, env=self.venv, device=config.device)
+            model = algorithm.load(model_path, env=self.venv, device=self.device)
             self._load_reward_state(model)
         else:
             params = (config.ppo if config.algo == "ppo" else config.sac).model_dump()
             net_arch = params.pop("net_arch")
             model = algorithm("MlpPolicy", self.venv, policy_kwargs={"net_arch": net_arch}, seed=config.seed,
-                              device=config.device, verbose=0, **params)  # fmt: skip
-        model.set_logger(configure(str(self.dir), ["csv", "tensorboard"]))
+                              device=self.device, verbose=0, **params)  # fmt: skip
         return model
 
     # ------------------------------------------------------------------ checkpoints
@@ -158,11 +162,6 @@ class RLRun:
 
     def close(self) -> None:
         self.venv.close()
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    """The records of a run's .jsonl log (eval.jsonl, monitor.jsonl); none if it does not exist yet."""
-    return [json.loads(line) for line in path.read_text().splitlines() if line] if path.is_file() else []
 
 
 def plot_learning_curves(run_dir: Path) -> Path:

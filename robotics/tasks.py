@@ -19,6 +19,7 @@ and in `info`: `is_success` (sparse), `progress` (task-geometric progress in [0,
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -142,6 +143,24 @@ def build_model(
         start = model.tex_adr[texture]
         model.tex_data[start : start + TABLE_TEXTURE**2 * 3] = _gradient_table()[::-1].ravel()
     return model
+
+
+def open_renderer(model: mujoco.MjModel, height: int, width: int) -> mujoco.Renderer:
+    """An offscreen renderer without shadows, reflections and skybox (fast on CPU). When MuJoCo cannot open an
+    OpenGL context with the backend of MUJOCO_GL: a RuntimeError that names it and the backends to try."""
+    try:
+        renderer = mujoco.Renderer(model, height, width)
+    except ValueError:  # a frame larger than the model's offscreen buffer: mujoco's own message says so
+        raise
+    except Exception as error:  # mujoco.FatalError, or the backend's ImportError, RuntimeError or GLError
+        raise RuntimeError(
+            f"MuJoCo cannot render with MUJOCO_GL={os.environ.get('MUJOCO_GL', '')!r} ({type(error).__name__}: "
+            f"{error}); set MUJOCO_GL before the job starts to a backend this machine has: egl (headless; libEGL "
+            "from a GPU driver or Mesa), osmesa (headless, on the CPU; libOSMesa) or glfw (a display)"
+        ) from error
+    for flag in (mujoco.mjtRndFlag.mjRND_SHADOW, mujoco.mjtRndFlag.mjRND_REFLECTION, mujoco.mjtRndFlag.mjRND_SKYBOX):
+        renderer.scene.flags[flag] = False
+    return renderer
 
 
 @dataclass
@@ -300,10 +319,7 @@ class TabletopEnv(gym.Env):
         if camera not in CAMERAS:
             raise ValueError(f"camera {camera!r}; this env has cameras {CAMERAS}")
         if self._renderer is None:
-            self._renderer = mujoco.Renderer(self.model, self.height, self.width)
-            for flag in (mujoco.mjtRndFlag.mjRND_SHADOW, mujoco.mjtRndFlag.mjRND_REFLECTION,
-                         mujoco.mjtRndFlag.mjRND_SKYBOX):  # fmt: skip
-                self._renderer.scene.flags[flag] = False
+            self._renderer = open_renderer(self.model, self.height, self.width)
         self._renderer.update_scene(self.data, camera=camera)
         return self._renderer.render().copy()
 
@@ -725,7 +741,7 @@ TASKS = {"vlmr/Reach-v0": (ReachEnv, 50), "vlmr/Push-v0": (PushEnv, 100), "vlmr/
 
 
 def register_tasks() -> None:
-    """Register the suite with gymnasium (idempotent); importing `robotics.tasks` does it."""
+    """Register the suite with gymnasium (idempotent); importing `vlm_rewards.robotics.tasks` does it."""
     for env_id, (cls, max_steps) in TASKS.items():
         if env_id not in gym.registry:
             gym.register(env_id, entry_point=f"{cls.__module__}:{cls.__name__}", max_episode_steps=max_steps)

@@ -1,5 +1,6 @@
 import importlib
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -151,12 +152,13 @@ def test_bad_extends(tmp_path, files, message):
 
 JOB_CONFIGS = {
     "train-rm": "vlm_rewards.training.config:TrainRMConfig",
-    "eval-rm": "vlm_rewards.evaluation.evaluate:EvalRMConfig",
+    "eval-rm": "vlm_rewards.evaluation.config:EvalRMConfig",
     "annotate": "vlm_rewards.annotation.config:AnnotateConfig",
-    "collect": "robotics.config:CollectConfig",
-    "rl": "robotics.config:RLConfig",
-    "pipeline": "robotics.pipeline:PipelineConfig",
-    "grounding-sets": "robotics.grounding:GroundingConfig",
+    "collect": "vlm_rewards.robotics.config:CollectConfig",
+    "rl": "vlm_rewards.robotics.config:RLConfig",
+    "pipeline": "vlm_rewards.robotics.config:PipelineConfig",
+    "grounding-sets": "vlm_rewards.robotics.config:GroundingConfig",
+    "pretrain-backbone": "vlm_rewards.robotics.config:BackboneConfig",
 }
 
 
@@ -180,3 +182,20 @@ def test_every_job_config_loads_into_its_job(job, path):
 def test_job_configs_are_found():
     jobs = {job for job, _ in _configs_for_job()}
     assert jobs == set(JOB_CONFIGS), f"no shipped config found for {set(JOB_CONFIGS) - jobs}"
+
+
+def test_jobs_default_openmp_to_passive_waiting_and_keep_the_users_choice(monkeypatch):
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert runner.invoke(app, ["rewards"]).exit_code == 0
+    assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert runner.invoke(app, ["rewards"]).exit_code == 0
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
+def test_openmp_contention_bench_runs_every_condition(tmp_path):
+    from bench.omp_contention import measure
+
+    result = measure(steps=2, width=32)
+    assert set(result["conditions"]) == {"quiet/default", "quiet/passive", "busy/default", "busy/passive"}
+    assert all(condition["seconds_per_step"] > 0 for condition in result["conditions"].values())

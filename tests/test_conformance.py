@@ -1,6 +1,6 @@
 """The conformance checker on every reward kind that needs weights, built on tiny random models.
 
-Rule-based kinds and every shipped config without weights are checked in tests/test_rewards.py.
+Rule-based kinds are checked in tests/test_rewards.py; every shipped config in tests/test_shipped_rewards.py.
 """
 
 import pytest
@@ -8,7 +8,8 @@ import torch
 
 from tests.test_embedding_goal import BASELINE, _save_tiny_clip
 from vlm_rewards.models.backbones import FAMILIES, build_tiny_backbone
-from vlm_rewards.models.reward_network import RewardNetwork, RewardNetworkConfig
+from vlm_rewards.models.config import RewardNetworkConfig
+from vlm_rewards.models.reward_network import RewardNetwork
 from vlm_rewards.models.streaming import KVCacheSession
 from vlm_rewards.registry import build_reward
 from vlm_rewards.testing import check_reward

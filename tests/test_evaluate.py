@@ -6,7 +6,8 @@ import pytest
 
 from vlm_rewards.data.build import SyntheticData
 from vlm_rewards.data.episodes import EpisodeRecord, write_episodes
-from vlm_rewards.evaluation.evaluate import EvalRMConfig, frame_pair_accuracy, run_eval
+from vlm_rewards.evaluation.config import EvalRMConfig
+from vlm_rewards.evaluation.evaluate import frame_pair_accuracy, run_eval
 from vlm_rewards.interface import RewardRequest, RewardResult
 
 

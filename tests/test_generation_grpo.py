@@ -4,7 +4,13 @@ import numpy as np
 import pytest
 import torch
 
-from generation.grpo import combined_advantages, group_advantages, ppo_clip_loss, ratio_diagnostics, reward_diagnostics
+from vlm_rewards.generation.grpo import (
+    combined_advantages,
+    group_advantages,
+    ppo_clip_loss,
+    ratio_diagnostics,
+    reward_diagnostics,
+)
 
 
 def numpy_group_advantages(rewards, groups, epsilon=1e-4):

@@ -4,13 +4,14 @@ import numpy as np
 import pytest
 import torch
 
-from generation.models import build_tiny_generator
-from generation.pretrain import flow_matching_loss
-from generation.rwr import RWRConfig, run_rwr
+from vlm_rewards.generation.config import RWRConfig
+from vlm_rewards.generation.models import build_tiny_generator
+from vlm_rewards.generation.pretrain import flow_matching_loss
+from vlm_rewards.generation.rwr import run_rwr
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-REDNESS = {"kind": "function", "function": "generation.rule_rewards:redness", "value_range": [-1, 1]}
+REDNESS = {"kind": "function", "function": "vlm_rewards.generation.rule_rewards:redness", "value_range": [-1, 1]}
 
 
 def rwr_config(tmp_path, **train) -> RWRConfig:

@@ -1,21 +1,27 @@
-"""The stochastic steps against the math: ODE limit, reference formulas, Gaussian densities, KL, marginals."""
+"""The stochastic steps against the math: ODE limit, reference formulas, Gaussian densities, KL, marginals;
+and the sampler's and the trainer's steps against the public functions that the math tests check."""
 
 import math
 
 import numpy as np
 import pytest
 import torch
+from accelerate import Accelerator
 from diffusers import DDIMScheduler, FlowMatchEulerDiscreteScheduler
 
-from generation.models import build_tiny_generator, predict
-from generation.sampling import SamplerSettings, sample_rollout
-from generation.sde import (
+from vlm_rewards.generation.config import GRPOConfig, SamplerSettings
+from vlm_rewards.generation.grpo import ppo_clip_loss
+from vlm_rewards.generation.models import build_tiny_generator, predict
+from vlm_rewards.generation.sampling import sample_rollout
+from vlm_rewards.generation.sde import (
     ddim_step_with_logprob,
     flow_step_distribution,
     gaussian_log_prob,
     gaussian_mean_kl,
     sde_step_with_logprob,
+    step_with_logprob,
 )
+from vlm_rewards.generation.train import add_lora, build_generator, step_loss
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -143,6 +149,82 @@ def test_kl_term_equals_the_gaussian_formula_and_a_monte_carlo_estimate():
     )
     monte_carlo = log_ratio.reshape(20000, 2).double().mean(0)
     np.testing.assert_allclose(monte_carlo.numpy(), kl.numpy(), rtol=0.02)
+
+
+# ----------------------------------------------------------------------------- the steps that train
+
+STEP_CASES = {
+    "flow-sde": ({"family": "flow"}, {"method": "sde", "noise_level": 0.7}),
+    "flow-cps": ({"family": "flow"}, {"method": "cps", "noise_level": 0.5}),
+    "ddim": ({"family": "ddim"}, {"noise_level": 1.0}),
+}
+PROMPTS = ["a red circle"] * 2 + ["a blue square"] * 2
+
+
+def step_case_config(tmp_path, case: str) -> GRPOConfig:
+    model, sampling = STEP_CASES[case]
+    sampling = {"num_steps": 4, **sampling}
+    return GRPOConfig.model_validate({"output_dir": str(tmp_path), "model": model, "sampling": sampling})
+
+
+def public_log_probs(generator, denoiser, rollout, sampling: SamplerSettings) -> torch.Tensor:
+    """(B, K): each recorded step's log-prob recomputed by `sde_step_with_logprob` or `ddim_step_with_logprob`."""
+    embeddings = generator.encode_prompts(rollout.prompts)
+    log_probs = []
+    for k in range(rollout.latents.shape[1]):
+        latents, timesteps, given = rollout.latents[:, k], rollout.timesteps[:, k], rollout.next_latents[:, k]
+        with torch.no_grad():
+            output = predict(denoiser, generator.family, latents, timesteps, embeddings)
+        if generator.family == "ddim":
+            step = ddim_step_with_logprob(generator.scheduler, output, timesteps, latents, sampling.noise_level, given)
+        else:
+            step = sde_step_with_logprob(
+                generator.scheduler, output, timesteps, latents, sampling.noise_level, given, method=sampling.method
+            )
+        log_probs.append(step[1])
+    return torch.stack(log_probs, dim=1)
+
+
+@pytest.mark.parametrize("case", sorted(STEP_CASES))
+def test_the_rollout_sampler_records_the_public_steps(tmp_path, case):
+    config = step_case_config(tmp_path, case)
+    generator = build_generator(config.model)
+    rollout = sample_rollout(generator, PROMPTS, config.sampling, seed=0)
+    assert rollout.log_probs.shape == (4, config.sampling.steps_per_trajectory)
+    expected = public_log_probs(generator, generator.denoiser, rollout, config.sampling)
+    torch.testing.assert_close(rollout.log_probs, expected, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", sorted(STEP_CASES))
+def test_the_trainer_scores_the_public_steps(tmp_path, case):
+    config = step_case_config(tmp_path, case)
+    generator = build_generator(config.model)
+    generator.denoiser = add_lora(generator.denoiser, config.model).eval()
+    rollout = sample_rollout(generator, PROMPTS, config.sampling, seed=0)
+    with torch.no_grad():  # the policy moves away from the one that sampled, so ratios are not 1
+        for name, parameter in generator.denoiser.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0, 0.1, generator=torch.Generator().manual_seed(0))
+    log_probs = public_log_probs(generator, generator.denoiser, rollout, config.sampling)
+    advantages, train = torch.linspace(-1, 1, len(PROMPTS)), config.train
+    for k in range(rollout.latents.shape[1]):
+        loss, logs = step_loss(Accelerator(cpu=True), generator, generator.denoiser, rollout, k, advantages, config)
+        expected, _ = ppo_clip_loss(
+            log_probs[:, k], rollout.log_probs[:, k], advantages, train.clip_range, train.advantage_clip
+        )
+        assert logs["ratio_max_deviation"] > train.clip_range  # the loss depends on the policy's log-probs
+        torch.testing.assert_close(loss.detach(), expected, rtol=1e-6, atol=0)
+
+
+def test_each_public_step_refuses_the_other_scheduler():
+    ddim, flow, sample = DDIMScheduler(), flow_scheduler(10), torch.randn(2, 1, 4, 4)
+    ddim.set_timesteps(10)
+    with pytest.raises(TypeError, match="sde_step_with_logprob: scheduler DDIMScheduler"):
+        sde_step_with_logprob(ddim, sample, ddim.timesteps[0], sample)
+    with pytest.raises(TypeError, match="ddim_step_with_logprob: scheduler FlowMatchEulerDiscreteScheduler"):
+        ddim_step_with_logprob(flow, sample, flow.timesteps[0], sample)
+    with pytest.raises(ValueError, match="method 'cps' is for flow-matching schedulers"):
+        step_with_logprob(ddim, sample, ddim.timesteps[0], sample, 1.0, "cps")
 
 
 # ----------------------------------------------------------------------------- 1-D Gaussian mixture

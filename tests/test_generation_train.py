@@ -12,15 +12,15 @@ import torch
 from accelerate import Accelerator
 from safetensors.torch import load_file
 
-from generation import sampling
-from generation.config import GRPOConfig
-from generation.diagnostics import epoch_gradient, gradient_agreement
-from generation.grpo import Advantages
-from generation.models import build_tiny_generator, check_generator, predict
-from generation.rewards import RewardSet, collect_rollouts
-from generation.sampling import Rollout, SamplerSettings, sample_rollout
-from generation.shapes_eval import load_policy
-from generation.train import (
+from vlm_rewards.generation import sampling
+from vlm_rewards.generation.config import GRPOConfig, SamplerSettings
+from vlm_rewards.generation.diagnostics import epoch_gradient, gradient_agreement
+from vlm_rewards.generation.grpo import Advantages
+from vlm_rewards.generation.models import build_tiny_generator, check_generator, predict
+from vlm_rewards.generation.rewards import RewardSet, collect_rollouts
+from vlm_rewards.generation.sampling import Rollout, sample_rollout
+from vlm_rewards.generation.shapes_eval import load_policy
+from vlm_rewards.generation.train import (
     GradientAgreement,
     add_lora,
     build_generator,
@@ -37,7 +37,7 @@ from vlm_rewards.interface import BaseReward, RewardResult, RewardSpec
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-REDNESS = {"kind": "function", "function": "generation.rule_rewards:redness", "value_range": [-1, 1]}
+REDNESS = {"kind": "function", "function": "vlm_rewards.generation.rule_rewards:redness", "value_range": [-1, 1]}
 
 
 def tiny_config(tmp_path, **sections) -> GRPOConfig:
@@ -73,7 +73,7 @@ def test_importance_ratio_is_one_on_the_first_update(tmp_path, model, sampling):
     negative = negative_embeddings(generator, len(prompts), config)
     accelerator = Accelerator(cpu=True)
     advantages = torch.linspace(-1, 1, len(prompts))
-    rollout = sample_rollout(generator, prompts, config.sampling.sampler(), seed=0, negative=negative)
+    rollout = sample_rollout(generator, prompts, config.sampling, seed=0, negative=negative)
     _, logs = step_loss(accelerator, generator, generator.denoiser, rollout, 0, advantages, config)
     assert logs["kl_reference"] == 0  # peft's LoRA starts as the identity: policy == reference
 
@@ -81,7 +81,7 @@ def test_importance_ratio_is_one_on_the_first_update(tmp_path, model, sampling):
         for name, parameter in generator.denoiser.named_parameters():
             if "lora_B" in name:
                 parameter.normal_(0, 0.1, generator=torch.Generator().manual_seed(0))
-    rollout = sample_rollout(generator, prompts, config.sampling.sampler(), seed=0, negative=negative)
+    rollout = sample_rollout(generator, prompts, config.sampling, seed=0, negative=negative)
     for k in range(rollout.latents.shape[1]):
         _, logs = step_loss(accelerator, generator, generator.denoiser, rollout, k, advantages, config)
         assert logs["ratio_max_deviation"] < 1e-6 and logs["clip_frac_high"] == logs["clip_frac_low"] == 0
@@ -205,7 +205,7 @@ def test_unet_and_flux_paths_train(tmp_path, family, noise_level):
     generator = build_generator(config.model)
     generator.denoiser = add_lora(generator.denoiser, config.model).eval()
     prompts = ["a red circle"] * 4 + ["a blue square"] * 4
-    rollout = sample_rollout(generator, prompts, config.sampling.sampler(), seed=0)
+    rollout = sample_rollout(generator, prompts, config.sampling, seed=0)
     before = {n: p.clone() for n, p in generator.denoiser.named_parameters() if p.requires_grad}
     optimizer = torch.optim.AdamW(lora_parameters(generator.denoiser), lr=1e-2)
     accelerator = Accelerator(cpu=True, gradient_accumulation_steps=config.sampling.steps_per_trajectory)

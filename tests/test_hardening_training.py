@@ -12,19 +12,16 @@ import torch
 from vlm_rewards.config import load_job_config
 from vlm_rewards.data.build import SyntheticData, build_progress_dataset
 from vlm_rewards.data.episodes import EpisodeDataset, PairDataset, write_episodes
-from vlm_rewards.evaluation.evaluate import EvalRMConfig, frame_pair_accuracy, run_eval
+from vlm_rewards.evaluation.config import EvalRMConfig
+from vlm_rewards.evaluation.evaluate import frame_pair_accuracy, run_eval
 from vlm_rewards.fingerprint import fingerprint_files
 from vlm_rewards.interface import RewardRequest, RewardResult
 from vlm_rewards.models.backbones import build_tiny_backbone
+from vlm_rewards.models.config import RewardNetworkConfig
+from vlm_rewards.models.device import resolve_device
 from vlm_rewards.models.heads import bradley_terry_loss
-from vlm_rewards.models.reward_network import (
-    CONFIG_FILE,
-    HEAD_FILE,
-    RewardNetwork,
-    RewardNetworkConfig,
-    TrainedRewardModel,
-    resolve_device,
-)
+from vlm_rewards.models.reward_network import CONFIG_FILE, HEAD_FILE, RewardNetwork
+from vlm_rewards.models.trained_reward import TrainedRewardModel
 from vlm_rewards.subsample import subsample_indices
 from vlm_rewards.training.batches import ProgressBatches
 from vlm_rewards.training.config import Augment, Lora, TrainRMConfig

@@ -98,9 +98,9 @@ def test_annotation_remote_equals_in_process(tmp_path, reward_yaml, remote_yaml)
 
 
 def _rollout(reward, steps: int = 20):
-    from robotics.config import EnvConfig
-    from robotics.envs import make_gym_vector
-    from robotics.reward_wrapper import GymVectorReward, RewardWrapperConfig
+    from vlm_rewards.robotics.config import EnvConfig
+    from vlm_rewards.robotics.envs import make_gym_vector
+    from vlm_rewards.robotics.reward_wrapper import GymVectorReward, RewardWrapperConfig
 
     env_config = EnvConfig(id="vlmr/Reach-v0", num_envs=2, width=16, height=16, max_episode_steps=7)
     wrapper = RewardWrapperConfig(mode="shaping", gamma=0.9, scale=2.0, success_bonus=1.0)
@@ -128,7 +128,7 @@ def test_rl_wrapper_remote_equals_in_process(reward_yaml, remote_yaml):
 
 
 def test_grpo_reward_set_remote_equals_in_process(reward_yaml, server):
-    rewards = pytest.importorskip("generation.rewards")
+    rewards = pytest.importorskip("vlm_rewards.generation.rewards")
 
     rng = np.random.default_rng(3)
     images = rng.integers(0, 256, (6, 24, 24, 3), dtype=np.uint8)

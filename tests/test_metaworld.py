@@ -12,16 +12,16 @@ pytest.importorskip("metaworld")
 import gymnasium as gym  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
-from robotics.config import RLConfig  # noqa: E402
-from robotics.experts import make_expert, pick_wrong_target, scripted_action  # noqa: E402
-from robotics.frames import CameraFrames  # noqa: E402
-from robotics.metaworld import INSTRUCTIONS, TASKS, instruction_for  # noqa: E402
-from robotics.reward_wrapper import GymVectorReward, RewardWrapperConfig  # noqa: E402
-from robotics.rl import RLRun  # noqa: E402
 from vlm_rewards.cli import app  # noqa: E402
 from vlm_rewards.data.episodes import EpisodeDataset  # noqa: E402
 from vlm_rewards.interface import RewardResult  # noqa: E402
 from vlm_rewards.rewards.function import FunctionReward  # noqa: E402
+from vlm_rewards.robotics.config import RLConfig  # noqa: E402
+from vlm_rewards.robotics.experts import make_expert, pick_wrong_target, scripted_action  # noqa: E402
+from vlm_rewards.robotics.frames import CameraFrames  # noqa: E402
+from vlm_rewards.robotics.metaworld import INSTRUCTIONS, TASKS, instruction_for  # noqa: E402
+from vlm_rewards.robotics.reward_wrapper import GymVectorReward, RewardWrapperConfig  # noqa: E402
+from vlm_rewards.robotics.rl import RLRun  # noqa: E402
 
 SOLVED_BY_THE_EXPERT = ("reach-v3", "push-v3", "pick-place-v3", "button-press-v3", "drawer-open-v3", "door-open-v3")
 

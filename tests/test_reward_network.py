@@ -6,7 +6,8 @@ import torch
 
 from vlm_rewards.interface import RewardModel, RewardRequest
 from vlm_rewards.models.backbones import build_tiny_backbone
-from vlm_rewards.models.reward_network import CONFIG_FILE, RewardNetwork, RewardNetworkConfig
+from vlm_rewards.models.config import RewardNetworkConfig
+from vlm_rewards.models.reward_network import CONFIG_FILE, RewardNetwork
 from vlm_rewards.registry import build_reward
 
 

@@ -4,11 +4,11 @@ import pytest
 
 from vlm_rewards.interface import RewardRequest, RewardResult
 from vlm_rewards.normalization import RunningMeanStd, group_statistics, group_zscore
-from vlm_rewards.registry import REWARDS_DIR, build_reward, known_kinds, register
+from vlm_rewards.registry import build_reward, known_kinds, register
 from vlm_rewards.rewards.composite import CompositeReward
 from vlm_rewards.rewards.function import FunctionReward
 from vlm_rewards.rewards.rules import DistanceSession, GoalPixelProgress, MarkerProgress, MotionPenalty
-from vlm_rewards.testing import ConformanceError, check_reward, random_requests
+from vlm_rewards.testing import ConformanceError, check_reward
 
 
 def mean_pixel(request: RewardRequest) -> float:
@@ -146,10 +146,10 @@ def test_marker_progress_needs_exactly_one_named_colour(text, count):
 def test_running_mean_std_matches_numpy_and_checkpoints():
     rng = np.random.default_rng(0)
     batches = [rng.normal(3, 2, size=n) for n in (5, 17, 1, 40)]
-    stats = RunningMeanStd()
+    stats = RunningMeanStd(prior_count=2)  # the prior (mean 0, variance 1) weighs as the values -1 and 1
     for batch in batches:
         stats.update(batch)
-    everything = np.concatenate(batches)
+    everything = np.concatenate([[-1.0, 1.0], *batches])
     assert stats.mean == pytest.approx(everything.mean())
     assert stats.var == pytest.approx(everything.var())
     assert stats.count == everything.size
@@ -355,24 +355,6 @@ def test_user_registered_kind():
         [RewardRequest(np.zeros((1, 2, 2, 3), np.uint8), "t")]
     )
     assert result.reward == 0.25
-
-
-# rewards whose texts name two palette words (Carry's palette has "block" among its colours)
-TEXTS_NAMING_TWO = {
-    "push_": ("push the red block to the blue zone", "push the green block to the red zone"),
-    "carry_": ("carry the block to the blue zone", "carry the block to the red zone"),
-}
-CONFIGS_NEEDING_WEIGHTS = {"embedding_goal", "progress_tiny", "preference_tiny", "vlm_judge", "gvl_progress"}
-
-
-@pytest.mark.parametrize("path", sorted(REWARDS_DIR.glob("*.yaml")), ids=lambda path: path.stem)
-def test_every_shipped_reward_config_conforms(path):
-    """Configs that need weights are checked in their own test files, on tiny models."""
-    if path.stem in CONFIGS_NEEDING_WEIGHTS:
-        pytest.skip("needs model weights; covered with a tiny model elsewhere")
-    reward = build_reward(path)
-    texts = next((texts for prefix, texts in TEXTS_NAMING_TWO.items() if path.stem.startswith(prefix)), None)
-    check_reward(reward, random_requests(reward.spec, np.random.default_rng(0), texts=texts) if texts else None)
 
 
 @pytest.mark.parametrize(

@@ -2,13 +2,15 @@ import json
 
 import numpy as np
 import pytest
+import torch
+from stable_baselines3 import PPO
 from typer.testing import CliRunner
 
-from robotics.collect import Rollout, progress_labels
-from robotics.config import RLConfig
-from robotics.rl import RLRun
 from vlm_rewards.cli import app
 from vlm_rewards.data.episodes import EpisodeDataset
+from vlm_rewards.robotics.collect import Rollout, progress_labels
+from vlm_rewards.robotics.config import RLConfig
+from vlm_rewards.robotics.rl import RLRun
 
 runner = CliRunner()
 TINY_ENV = {"num_envs": 2, "width": 16, "height": 16, "max_episode_steps": 12}
@@ -35,8 +37,8 @@ def test_collect_cli_writes_a_readable_episode_dataset(tmp_path):
 @pytest.mark.parametrize("env_id, steps", [("vlmr/Reach-v0", 20), ("vlmr/Carry-v0", 40)])
 def test_relabel_targets_writes_each_rollout_once_per_target(tmp_path, env_id, steps):
     """Reach: once per target disc; Carry: once per zone."""
-    from robotics.collect import collect
-    from robotics.config import CollectConfig
+    from vlm_rewards.robotics.collect import collect
+    from vlm_rewards.robotics.config import CollectConfig
 
     env = {"id": env_id, "num_envs": 2, "width": 16, "height": 16, "max_episode_steps": steps, "table": "gradient"}
     config = CollectConfig(output=str(tmp_path / "relabel"), env=env, episodes={"expert": 2, "wrong_object": 1},
@@ -89,7 +91,7 @@ def test_tiny_ppo_run_with_a_goal_image_reward_writes_its_folder_and_resumes(tmp
     monitor = [json.loads(line) for line in (folder / "monitor.jsonl").read_text().splitlines()]
     assert monitor[-1]["reward/calls_per_step"] == 1.0 and "reward/corr_progress_true" in monitor[-1]
     state = json.loads((folder / "checkpoints/state.json").read_text())
-    assert state["num_timesteps"] == 128 and state["normalizer"]["count"] == 128
+    assert state["num_timesteps"] == 128 and state["normalizer"]["count"] == 128 + 1  # the rewards and the prior
 
     resumed = RLRun(config.model_copy(update={"total_timesteps": 192}))
     assert resumed.model.num_timesteps == 128
@@ -129,6 +131,113 @@ def test_a_learned_reward_that_needs_a_goal_image_gets_the_goal_render(tmp_path)
     assert monitor and np.isfinite(monitor[-1]["reward/learned_progress"])
 
 
+class Killed(Exception):
+    """Stands for a SIGKILL: the run stops mid-training, its folder as the kill left it."""
+
+
+def kill_at(monkeypatch, step: int) -> None:
+    from vlm_rewards.robotics.callbacks import EvalCheckpointCallback
+
+    on_step = EvalCheckpointCallback._on_step
+
+    def killing(self):
+        if self.num_timesteps >= step:
+            raise Killed
+        return on_step(self)
+
+    monkeypatch.setattr(EvalCheckpointCallback, "_on_step", killing)
+
+
+def logged_steps(folder) -> dict[str, list[float]]:
+    import csv
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    with open(folder / "progress.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    board = EventAccumulator(str(folder))
+    board.Reload()
+    return {
+        "progress.csv": [float(row["time/total_timesteps"]) for row in rows],
+        "eval.jsonl": [e["timesteps"] for e in map(json.loads, (folder / "eval.jsonl").read_text().splitlines())],
+        "monitor.jsonl": [e["timesteps"] for e in map(json.loads, (folder / "monitor.jsonl").read_text().splitlines())],
+        "tensorboard": [event.step for event in board.Scalars("reward/learned_progress")],
+    }
+
+
+@pytest.mark.slow
+def test_a_resumed_rl_run_logs_each_step_once(tmp_path, monkeypatch):
+    """Killed after its checkpoint at step 64, a run's logs hold steps up to 96 from a policy the rerun
+    discards: the rerun cuts them back to 64 and appends, so they match an uninterrupted run's."""
+    config = RLConfig(
+        run_dir=str(tmp_path / "killed"), total_timesteps=160, env=TINY_ENV | {"max_episode_steps": 8},
+        reward={"source": "goal_image"}, ppo={"n_steps": 16, "batch_size": 32, "n_epochs": 1},
+        eval={"every": 32, "episodes": 1}, checkpoint_every=64,
+    )  # fmt: skip
+    killed = tmp_path / "killed"
+    with monkeypatch.context() as patch:
+        kill_at(patch, 100)
+        run = RLRun(config)
+        with pytest.raises(Killed):
+            run.train()
+        run.close()
+    assert json.loads((killed / "checkpoints/state.json").read_text())["num_timesteps"] == 64
+    assert logged_steps(killed)["eval.jsonl"] == [32, 64, 96] and (killed / "videos/eval_00000096.mp4").is_file()
+
+    resumed = RLRun(config)
+    assert [e["timesteps"] for e in resumed.eval_history] == [32, 64]
+    assert not (killed / "videos/eval_00000096.mp4").exists()  # the discarded policy's
+    resumed.train()
+    resumed.close()
+    straight = RLRun(config.model_copy(update={"run_dir": str(tmp_path / "straight")}))
+    straight.train()
+    straight.close()
+    steps = [32, 64, 96, 128, 160]
+    assert logged_steps(killed) == logged_steps(tmp_path / "straight") == dict.fromkeys(logged_steps(killed), steps)
+
+
+def test_a_checkpoint_holds_the_policy_after_the_update_on_its_rollout(tmp_path):
+    """Saved before that update, a resumed run would never make it: the checkpoint at step 64 must be the policy
+    that a run of 64 steps ends with."""
+    config = RLConfig(
+        run_dir=str(tmp_path / "long"), total_timesteps=128, env=TINY_ENV, reward={"source": "dense"},
+        ppo={"n_steps": 16, "batch_size": 32, "n_epochs": 1}, eval={"every": 128, "episodes": 1, "video": False},
+        checkpoint_every=64, keep_policy_snapshots=True,
+    )  # fmt: skip
+    for run_config in (config, config.model_copy(update={"run_dir": str(tmp_path / "short"), "total_timesteps": 64})):
+        run = RLRun(run_config)
+        run.train()
+        run.close()
+    checkpoint = PPO.load(tmp_path / "long/checkpoints/model_00000064.zip", device="cpu")
+    short = PPO.load(tmp_path / "short/checkpoints/model.zip", device="cpu")
+    for saved, trained in zip(checkpoint.policy.parameters(), short.policy.parameters(), strict=True):
+        assert torch.equal(saved, trained)
+
+
+def test_a_device_this_machine_lacks_is_refused_when_the_rl_job_starts(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    run_dir = tmp_path / "run"
+    result = runner.invoke(app, ["rl", "configs/robotics/rl_reach_sparse.yaml", "device=cuda", f"run_dir={run_dir}"])
+    assert result.exit_code == 2, result.output
+    assert "device 'cuda': CUDA is not available on this machine" in result.stderr
+    assert not run_dir.exists()
+
+
+def test_collect_refuses_a_non_empty_output_folder_before_any_rollout(tmp_path, monkeypatch):
+    def no_rollouts(*args, **kwargs):
+        raise AssertionError("a rollout ran")
+
+    monkeypatch.setattr("vlm_rewards.robotics.collect.run_rollouts", no_rollouts)
+    out = tmp_path / "reach"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    result = runner.invoke(app, ["collect", "configs/robotics/collect_reach.yaml", f"output={out}"])
+    assert result.exit_code == 2, result.output
+    assert f"collect: output '{out}': {out} exists and is not an empty folder" in result.stderr
+    assert "Traceback" not in result.output and (out / "notes.txt").read_text() == "mine"
+
+
 def test_rl_config_refuses_inconsistent_settings():
     with pytest.raises(ValueError, match="gamma"):
         RLConfig(reward={"source": "goal_image", "wrapper": {"gamma": 0.9}})
@@ -140,9 +249,9 @@ def test_collect_rolls_out_a_trained_sb3_policy(tmp_path):
     """A `checkpoints` policy acts in collection as it does stepped by hand, labelled with the env's progress."""
     from stable_baselines3 import SAC
 
-    from robotics.collect import collect
-    from robotics.config import CollectConfig, EnvConfig
-    from robotics.envs import make_env
+    from vlm_rewards.robotics.collect import collect
+    from vlm_rewards.robotics.config import CollectConfig, EnvConfig
+    from vlm_rewards.robotics.envs import make_env
 
     env_config = EnvConfig(num_envs=1, width=16, height=16, max_episode_steps=10)
     env = make_env(env_config, terminate_on_success=False)
@@ -173,9 +282,9 @@ def test_collect_rolls_out_a_trained_sb3_policy(tmp_path):
 def test_collect_refuses_unusable_checkpoint_policies(tmp_path):
     from stable_baselines3 import SAC
 
-    from robotics.collect import collect
-    from robotics.config import CollectConfig, EnvConfig
-    from robotics.envs import make_env
+    from vlm_rewards.robotics.collect import collect
+    from vlm_rewards.robotics.config import CollectConfig, EnvConfig
+    from vlm_rewards.robotics.envs import make_env
 
     with pytest.raises(ValueError, match=r"episodes names policies \['trained'\]"):
         CollectConfig(episodes={"trained": 1})

@@ -1,3 +1,6 @@
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -5,7 +8,7 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from robotics.experts import (
+from vlm_rewards.robotics.experts import (
     DETOUR_REACHED,
     detour_reached,
     detour_waypoint,
@@ -13,8 +16,8 @@ from robotics.experts import (
     pick_wrong_target,
     scripted_action,
 )
-from robotics.frames import CameraFrames
-from robotics.tasks import WORKSPACE  # the import registers vlmr/*
+from vlm_rewards.robotics.frames import CameraFrames
+from vlm_rewards.robotics.tasks import WORKSPACE  # the import registers vlmr/*
 
 TASKS = ["vlmr/Reach-v0", "vlmr/Push-v0", "vlmr/Carry-v0"]
 
@@ -35,8 +38,8 @@ def test_env_passes_gymnasium_checker(env_id):
 
 @pytest.mark.parametrize("env_id", TASKS)
 def test_gradient_table_shades_by_position_and_changes_nothing_else(env_id):
-    from robotics.config import EnvConfig
-    from robotics.envs import make_env
+    from vlm_rewards.robotics.config import EnvConfig
+    from vlm_rewards.robotics.envs import make_env
 
     plain = gym.make(env_id, render_mode="rgb_array", width=32, height=32)
     shaded = make_env(EnvConfig(id=env_id, width=32, height=32, table="gradient"))
@@ -65,8 +68,8 @@ def test_gradient_table_shades_by_position_and_changes_nothing_else(env_id):
 
 @pytest.mark.parametrize("env_id", TASKS)
 def test_without_highlights_the_colours_are_saturated_and_nothing_else_changes(env_id):
-    from robotics.config import EnvConfig
-    from robotics.envs import make_env
+    from vlm_rewards.robotics.config import EnvConfig
+    from vlm_rewards.robotics.envs import make_env
 
     lit = make_env(EnvConfig(id=env_id, table="gradient"))
     matte = make_env(EnvConfig(id=env_id, table="gradient", highlights=False))
@@ -85,8 +88,8 @@ def test_without_highlights_the_colours_are_saturated_and_nothing_else_changes(e
 
 @pytest.mark.parametrize("env_id", TASKS)
 def test_a_palette_limits_the_scene_colours_and_is_checked(env_id):
-    from robotics.config import EnvConfig
-    from robotics.envs import make_env
+    from vlm_rewards.robotics.config import EnvConfig
+    from vlm_rewards.robotics.envs import make_env
 
     palette = ["red", "green", "blue", "cyan"]
     env = make_env(EnvConfig(id=env_id, palette=palette))
@@ -134,7 +137,7 @@ class Episode:
 
 
 def scripted_episode(env, policy: str, seed: int, rng: np.random.Generator, noise: float = 0.0) -> Episode:
-    """One episode of a scripted policy (robotics.experts) from `reset(seed=seed)`."""
+    """One episode of a scripted policy (vlm_rewards.robotics.experts) from `reset(seed=seed)`."""
     expert = make_expert(env)
     obs, info = env.reset(seed=seed)
     render = env.render_mode == "rgb_array"
@@ -191,8 +194,8 @@ def test_carry_picks_the_block_up_on_contact_and_carries_it():
 
 
 def test_short_push_starts_near_the_zone_with_the_effector_behind_the_block():
-    from robotics.config import EnvConfig
-    from robotics.envs import make_env
+    from vlm_rewards.robotics.config import EnvConfig
+    from vlm_rewards.robotics.envs import make_env
 
     config = EnvConfig(id="vlmr/Push-v0", push_distance=(0.08, 0.15), push_start_angle=30, max_episode_steps=50)
     env, rng = make_env(config), np.random.default_rng(0)
@@ -214,8 +217,8 @@ def test_short_push_starts_near_the_zone_with_the_effector_behind_the_block():
 
 @pytest.mark.parametrize("env_id", TASKS)
 def test_success_distance_sets_how_close_to_the_goal_counts(env_id):
-    from robotics.config import EnvConfig
-    from robotics.envs import make_env
+    from vlm_rewards.robotics.config import EnvConfig
+    from vlm_rewards.robotics.envs import make_env
 
     rng = np.random.default_rng(0)
     default, tight = (make_env(EnvConfig(id=env_id, success_distance=d)) for d in (None, 0.02))
@@ -239,8 +242,8 @@ def test_sparse_and_dense_rewards_and_termination():
 
 
 def test_sparse_step_cost_charges_every_step_before_success():
-    from robotics.config import EnvConfig
-    from robotics.envs import make_env
+    from vlm_rewards.robotics.config import EnvConfig
+    from vlm_rewards.robotics.envs import make_env
 
     config = EnvConfig(sparse_step_cost=1.0, max_episode_steps=30)
     rng = np.random.default_rng(0)
@@ -341,3 +344,35 @@ def test_detour_goes_through_its_waypoint_then_acts_as_the_expert():
     assert closest < DETOUR_REACHED and steps_to_it is not None and info["is_success"]
     with pytest.raises(ValueError, match="detour: needs a vlmr task's expert"):
         detour_waypoint(object(), rng)
+
+
+RENDER_ONE_FRAME = """
+import gymnasium as gym
+import vlm_rewards.robotics.tasks
+env = gym.make("vlmr/Reach-v0", render_mode="rgb_array", width=16, height=16)
+env.reset(seed=0)
+env.render()
+"""
+
+
+def render_headless(**environ: str) -> subprocess.CompletedProcess:
+    """A fresh interpreter (MuJoCo picks its GL backend at import) without a display or MUJOCO_GL."""
+    unset = ("MUJOCO_GL", "PYOPENGL_PLATFORM", "DISPLAY", "WAYLAND_DISPLAY")
+    env = {key: value for key, value in os.environ.items() if key not in unset} | environ
+    return subprocess.run(
+        [sys.executable, "-c", RENDER_ONE_FRAME], env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="EGL is MuJoCo's headless backend on Linux")
+def test_rendering_without_mujoco_gl_defaults_to_egl():
+    result = render_headless()
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a headless Linux machine has no display for GLFW")
+def test_a_gl_backend_that_cannot_render_is_a_clear_error():
+    result = render_headless(MUJOCO_GL="glfw")
+    assert result.returncode != 0
+    assert "RuntimeError: MuJoCo cannot render with MUJOCO_GL='glfw'" in result.stderr
+    assert "egl (headless" in result.stderr

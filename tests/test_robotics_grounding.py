@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from robotics.collect import collect
-from robotics.config import CollectConfig
-from robotics.grounding import GroundingConfig, build_grounding_set, scenes
-from robotics.tasks import COLOURS
 from vlm_rewards.cli import app
 from vlm_rewards.data.episodes import EpisodeDataset
+from vlm_rewards.robotics.collect import collect
+from vlm_rewards.robotics.config import CollectConfig
+from vlm_rewards.robotics.grounding import GroundingConfig, build_grounding_set, scenes
+from vlm_rewards.robotics.tasks import COLOURS
 
 ENV = {"num_envs": 2, "width": 16, "height": 16, "max_episode_steps": 8}
 

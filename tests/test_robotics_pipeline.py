@@ -8,10 +8,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from robotics.envs import make_env
-from robotics.pipeline import Pipeline, PipelineConfig, hacking_check, steps_to_reach, success_statistics
 from vlm_rewards.cli import app
 from vlm_rewards.media import write_video
+from vlm_rewards.robotics.envs import make_env
+from vlm_rewards.robotics.pipeline import Pipeline, PipelineConfig
+from vlm_rewards.robotics.report import hacking_check, steps_to_reach, success_statistics
 
 runner = CliRunner()
 REDUCED = [
@@ -110,6 +111,28 @@ def test_earlier_rounds_data_is_trained_on_beside_the_runs_own(tmp_path, monkeyp
     trained.clear()
     Pipeline(PipelineConfig(output_dir=tmp_path / "alone", preference_stage=None)).train_reward_model()
     assert trained[0].data.train == tmp_path / "alone" / "data" / "train"  # one folder, read as before
+
+
+def test_each_rl_run_config_is_built_and_validated_from_the_rl_section(tmp_path):
+    pipeline = Pipeline(PipelineConfig(output_dir=tmp_path, seeds=[0, 3]))
+    scripted = pipeline.rl_config("scripted", 3, tmp_path / "rm" / "reward.yaml")
+    assert (scripted.reward.source, scripted.reward.config) == ("learned", "reach_marker_progress")
+    assert (scripted.run_dir, scripted.seed) == (str(tmp_path / "rl" / "scripted_seed3"), 3)
+    assert scripted.env == pipeline.config.env and scripted.reward.wrapper.scale == 10.0
+    learned = pipeline.rl_config("learned", 0, tmp_path / "rm" / "reward.yaml")
+    assert learned.reward.config == str(tmp_path / "rm" / "reward.yaml")
+    assert pipeline.rl_config("dense", 0, tmp_path / "r.yaml").reward.source == "dense"
+    # the section's own reward is sparse, so only a learned run's config meets the shaping-discount check
+    mismatched = Pipeline(PipelineConfig(output_dir=tmp_path, rl={"reward": {"wrapper": {"gamma": 0.9}}}))
+    with pytest.raises(ValueError, match=r"reward.wrapper.gamma=0.9 differs from ppo.gamma=0.99"):
+        mismatched.rl_config("learned", 0, tmp_path / "r.yaml")
+
+
+def test_the_learned_reward_names_the_last_stage_model_and_its_window(tmp_path):
+    plain = Pipeline(PipelineConfig()).learned_reward(tmp_path / "rm")
+    assert (plain["kind"], plain["model"], plain["device"]) == ("trained_rm", str(tmp_path / "rm" / "model"), "cpu")
+    windowed = Pipeline(PipelineConfig(reward_window={"window": 2})).learned_reward(tmp_path / "rm")
+    assert windowed == {"kind": "frame_window", "reward": plain, "window": 2, "keep_first": True}
 
 
 def test_held_out_policies_are_scripted_or_collect_checkpoints():

@@ -4,15 +4,15 @@ import numpy as np
 import pytest
 import torch
 from stable_baselines3 import SAC
-from stable_baselines3.common.vec_env import DummyVecEnv
+from stable_baselines3.common.vec_env import DummyVecEnv, VecMonitor
 
-from robotics.callbacks import RewardCallback
-from robotics.config import EnvConfig
-from robotics.envs import make_env, make_gym_vector
-from robotics.reward_wrapper import GymVectorReward, RewardStreams, RewardWrapperConfig, SB3VecReward
 from vlm_rewards.fingerprint import fingerprint
 from vlm_rewards.interface import BaseReward, RewardResult, RewardSpec
 from vlm_rewards.registry import build_reward
+from vlm_rewards.robotics.callbacks import RewardCallback
+from vlm_rewards.robotics.config import EnvConfig
+from vlm_rewards.robotics.envs import make_env, make_gym_vector
+from vlm_rewards.robotics.reward_wrapper import GymVectorReward, RewardStreams, RewardWrapperConfig, SB3VecReward
 
 SMALL = EnvConfig(id="vlmr/Reach-v0", num_envs=3, width=16, height=16, max_episode_steps=6)
 
@@ -99,10 +99,10 @@ def test_terminal_potential_predicted():
     np.testing.assert_allclose(streams.add_step([frame_info(255)], np.zeros(1), np.array([True])), [1.0])
 
 
-def run_sb3(reward, config: RewardWrapperConfig, steps: int, env_config=SMALL):
+def run_sb3(reward, config: RewardWrapperConfig, steps: int, env_config=SMALL, monitor=False):
     venv = DummyVecEnv([lambda: make_env(env_config, goal_image=True) for _ in range(env_config.num_envs)])
     venv.seed(0)
-    env = SB3VecReward(venv, reward, config)
+    env = SB3VecReward(VecMonitor(venv) if monitor else venv, reward, config)
     env.reset()
     rng = np.random.default_rng(0)
     rewards, dones = [], []
@@ -122,6 +122,16 @@ def test_sb3_wrapper_makes_one_reward_call_per_step():
     assert dones.any()  # episodes of 6 steps: the resets happen inside the 14 steps
     assert reward.calls == 14 == streams.calls
     assert np.all((rewards >= 0) & (rewards <= 1))
+
+
+def test_sb3_wrapper_reads_reset_infos_through_a_vec_env_wrapper():
+    """A VecEnvWrapper between (here VecMonitor) has empty reset infos of its own: the reward wrapper reads
+    the innermost VecEnv's, at the first reset and at every autoreset."""
+    config = RewardWrapperConfig(mode="replace", goal_image=True)
+    direct, dones, *_ = run_sb3(goal_reward(), config, steps=14)
+    monitored, *_ = run_sb3(goal_reward(), config, steps=14, monitor=True)
+    assert dones.any()
+    np.testing.assert_array_equal(monitored, direct)
 
 
 def test_session_rewards_equal_scoring_the_whole_prefix():
@@ -152,9 +162,10 @@ def test_session_rewards_equal_scoring_the_whole_prefix():
     envs.close()
 
 
+@pytest.mark.parametrize("normalize", [False, True])
 @pytest.mark.parametrize("schedule", [{"reward_every": 4}, {"reward_every": 0}, {"async_inference": True}])
-def test_deferred_and_async_rewards_equal_per_step_rewards(schedule):
-    base = RewardWrapperConfig(mode="shaping", goal_image=True, success_bonus=1.0)
+def test_deferred_and_async_rewards_equal_per_step_rewards(schedule, normalize):
+    base = RewardWrapperConfig(mode="shaping", goal_image=True, success_bonus=1.0, normalize=normalize)
     sync, *_ = run_sb3(goal_reward(), base, steps=13)
     reward = goal_reward()
     immediate, _, delivered, streams = run_sb3(reward, base.model_copy(update=schedule), steps=13)
@@ -199,7 +210,8 @@ def test_normalized_rewards_use_running_std():
     streams.begin_episodes([0, 1], [frame_info(0), frame_info(0)])
     rewards = streams.add_step([frame_info(51), frame_info(102)], np.zeros(2), np.zeros(2, bool))
     values = np.array([51, 102]) / 255
-    np.testing.assert_allclose(rewards, values / np.sqrt(values.var() + 1e-8))
+    with_prior = np.concatenate([values, values, [-1, 1]])  # the prior weighs as -1 and 1 at half weight
+    np.testing.assert_allclose(rewards, values / np.sqrt(with_prior.var() + 1e-8))
     streams.normalizer.freeze()
     before = streams.normalizer.state_dict()
     streams.add_step([frame_info(200), frame_info(3)], np.zeros(2), np.zeros(2, bool))

@@ -1,14 +1,17 @@
 """The reward server (Ray Serve, loopback) and its client `RemoteReward`.
 
-One local Ray instance (2 CPUs) per test process serves two applications on a free port: the rule
-reward `goal_pixel_progress` on 2 replicas, and `motion_penalty` behind a bearer token under
-`/secure`. The fault test, last in the file, kills a replica mid-load.
+One local Ray instance (2 CPUs) per test process serves three applications on a free port: the rule
+reward `goal_pixel_progress` on 2 replicas, `motion_penalty` behind a bearer token under `/secure`,
+and `push_marker_progress` (a reward that refuses generic texts) with small limits under `/limited`.
+The fault test, last in the file, kills a replica mid-load.
 """
 
 import asyncio
 import json
 import math
 import os
+import re
+import socket
 import subprocess
 import sys
 import time
@@ -16,9 +19,11 @@ from dataclasses import replace
 
 import httpx
 import numpy as np
+import pydantic
 import pytest
 
 from tests.serving_fixtures import free_port, local_serve
+from vlm_rewards.config import load_job_config
 from vlm_rewards.interface import RewardRequest, SampleKey
 from vlm_rewards.registry import build_reward
 from vlm_rewards.serving.client import RemoteReward, RemoteRewardError, RewardVersionError
@@ -35,6 +40,15 @@ from vlm_rewards.testing import check_reward
 pytestmark = pytest.mark.xdist_group("serving")  # one Ray instance per process that runs these
 TOKEN = "test-token-123"
 MAX_PAYLOAD = 512 * 1024
+LIMITED = ServeConfig(  # small limits, so that a few connections and items reach them
+    reward="push_marker_progress",
+    max_pixels_per_item=8192,  # check_reward's clips of up to 6 frames of 32x32 fit
+    max_pixels_per_request=32768,
+    body_timeout_s=1.0,
+    max_body_reads=4,
+    batching={"max_batch_size": 8},
+    replicas={"num_cpus": 0.25, "max_ongoing_requests": 16},
+)
 
 
 def _requests(count: int, seed: int = 0, frames: int = 4, side: int = 16, key: str = "test") -> list[RewardRequest]:
@@ -102,6 +116,117 @@ def test_serve_config_refuses_public_host_without_token(monkeypatch):
     assert serve_job_args(["configs/serve/default.yaml", "port=9000"])[0] == "configs/serve/default.yaml"
 
 
+@pytest.mark.parametrize(
+    ("host", "message"),
+    [
+        ({":": None}, "quote an IPv6 address"),  # what YAML makes of an unquoted `host=::`
+        ("[::1]", "without brackets"),
+        ("http://0.0.0.0", "not a URL"),
+        ("127.0.0.1:8000", "port=..."),
+        ("bad_host!", "not a host name or IP address"),
+        ("999.1.1.1", "not a host name or IP address"),
+        ("", "not a host name or IP address"),
+    ],
+)
+def test_serve_config_refuses_a_bad_host_by_name(host, message):
+    with pytest.raises(pydantic.ValidationError, match=message):
+        ServeConfig(host=host)
+
+
+def test_serve_config_takes_hosts_and_explains_unquoted_ipv6():
+    for host in ("::", "::1", "0.0.0.0", "fe80::1", "localhost", "reward-server.internal", "gpu-3"):
+        assert ServeConfig(host=host).host == host
+    with pytest.raises(ValueError, match=r"host: .*got dict .*host='\"::\"'"):
+        load_job_config(ServeConfig, overrides=["host=::"])
+    with pytest.raises(pydantic.ValidationError, match="max_body_reads=16 must be below the 16 requests"):
+        ServeConfig(max_body_reads=16, batching={"max_batch_size": 8}, replicas={"max_ongoing_requests": 16})
+
+
+def test_serve_refuses_a_host_or_port_it_cannot_listen_on_before_ray_starts(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(ValueError, match=f"cannot listen on host '127.0.0.1' port {taken.getsockname()[1]}"):
+            ServeConfig(port=taken.getsockname()[1]).check_bindable()
+    ServeConfig(host="203.0.113.1", ray_address="auto").check_bindable()  # a cluster's head node listens, not us
+    env = {**os.environ, "VLMR_SERVE_TOKEN": "secret"}
+    env.pop("RAY_ADDRESS", None)
+    cli = [sys.executable, "-m", "vlm_rewards.cli", "serve", "motion_penalty", "host=203.0.113.1"]  # not ours
+    start = time.perf_counter()
+    done = subprocess.run(cli, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 2 and "cannot listen on host '203.0.113.1'" in done.stderr, done.stderr[-2000:]
+    assert "Started a local Ray instance" not in done.stdout + done.stderr and time.perf_counter() - start < 60
+
+
+LONE_SURROGATES = {
+    "items[0].key[0]": lambda item: item.update(key=["\ud800", 0, 0]),
+    "items[0].key[1]": lambda item: item.update(key=["ok", "ep\udfff", 0]),
+    "items[0].text": lambda item: item.update(text="push \ud800"),
+    "items[0].views name": lambda item: item.update(views={"\ud800": item["frames"]}),
+}
+
+
+@pytest.mark.parametrize("field", list(LONE_SURROGATES))
+def test_wire_refuses_lone_surrogates_naming_the_field(field):
+    body = decode_body(_tamper(lambda header: LONE_SURROGATES[field](header["items"][0])))
+    with pytest.raises(ItemError, match=rf"{re.escape(field)}: not valid Unicode \(lone surrogate"):
+        body.request(body.items()[0], "items[0]")
+
+
+class FlakyServer:
+    """A fake transport for a server whose HTTP proxy is down for `outage_s`: connections are refused,
+    then requests are answered (the first one after the outage with a 503, as a proxy that failed after
+    the replica scored). Records each scored request's id and keys."""
+
+    def __init__(self, outage_s: float):
+        self.spec = build_reward("motion_penalty").spec
+        self.up_at = time.monotonic() + outage_s
+        self.scored: list[tuple[str, list]] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if time.monotonic() < self.up_at:
+            raise httpx.ConnectError("connection refused", request=request)
+        if request.url.path.endswith("/spec"):
+            return httpx.Response(200, json={"api": "v1", "spec": self.spec.to_json(), "version": self.spec.version})
+        body = decode_body(request.content)
+        keys = [item["key"] for item in body.items()]
+        self.scored.append((request.headers["X-Request-Id"], keys))
+        if len(self.scored) == 1:
+            return httpx.Response(503, json={"error": "proxy restarting"})
+        result = {"reward": -0.5, "progress": None, "components": {}, "info": {}, "error": None}
+        return httpx.Response(
+            200, json={"version": self.spec.version, "results": [{"result": result, "key": key} for key in keys]}
+        )
+
+
+def test_client_retries_for_a_time_budget_through_a_proxy_restart(monkeypatch):
+    assert RemoteReward.Params(url="http://x").retry_budget_s >= 60  # Serve's proxy took 24 s to come back
+    server = FlakyServer(outage_s=1.0)
+    transport = httpx.MockTransport(server)
+    monkeypatch.setattr(RemoteReward, "_sync_client", lambda self: httpx.Client(transport=transport))
+    monkeypatch.setattr(RemoteReward, "_async_client", lambda self: httpx.AsyncClient(transport=transport))
+    reward = RemoteReward("http://test", retry_budget_s=10, backoff=0.05, max_backoff=0.2)  # waits out the outage
+    assert reward.attempts > 2
+    requests = _requests(3)
+    assert [r.reward for r in reward.score(requests)] == [-0.5] * 3
+    server.up_at = time.monotonic() + 1.0
+    assert [r.reward for r in asyncio.run(reward.ascore(requests))] == [-0.5] * 3
+    keys = [["test", i, 0] for i in range(3)]
+    assert [keys for _, keys in server.scored] == [keys] * 3  # the refused attempts never reached it
+    first, second, third = (request_id for request_id, _ in server.scored)
+    assert first == second != third  # the retry after the 503 is the same request: its result is given once
+
+
+def test_client_gives_up_when_the_retry_budget_is_spent(monkeypatch):
+    server = FlakyServer(outage_s=math.inf)
+    monkeypatch.setattr(RemoteReward, "_sync_client", lambda self: httpx.Client(transport=httpx.MockTransport(server)))
+    start = time.perf_counter()
+    with pytest.raises(RemoteRewardError, match=r"ConnectError.*retried for 0\.[3-9] s of retry_budget_s=0\.3"):
+        RemoteReward("http://test", retry_budget_s=0.3, backoff=0.05, max_backoff=0.1)
+    assert 0.3 <= time.perf_counter() - start < 5
+
+
 def test_client_retries_5xx_and_connection_errors_not_4xx(monkeypatch):
     with pytest.raises(RemoteRewardError, match="2 attempts"):  # nothing listening: retried, then an error
         RemoteReward(f"http://127.0.0.1:{free_port()}", retries=1, backoff=0.001)
@@ -147,6 +272,7 @@ def server():
     from vlm_rewards.serving.server import build_app
 
     with local_serve() as port:
+        serve.run(build_app(LIMITED), name="limited", route_prefix="/limited", blocking=False)
         config = ServeConfig(
             reward="goal_pixel_progress",
             port=port,
@@ -244,6 +370,12 @@ BAD_INPUTS = {
     "missing reference": (encode_score([replace(_requests(1)[0], reference=None)]), "/v1/score", 422, "reference"),
     "items not a list": (_tamper(lambda h: h.update(items=3)), "/v1/score", 400, "items"),
     "payload too large": (encode_score(_requests(1, frames=4, side=256)), "/v1/score", 413, "payload"),
+    "lone surrogate in a key": (
+        _tamper(lambda h: h["items"][0].update(key=["\ud800", 0, 0])),
+        "/v1/score",
+        422,
+        "items[0].key[0]: not valid Unicode",
+    ),
 }
 
 
@@ -288,6 +420,64 @@ def test_mixed_batch_one_bad_item(server):
     outcomes = RemoteReward(server).score_items([requests[0], odd, requests[2]])
     assert _same(outcomes[0], local[0]) and _same(outcomes[2], local[1])
     assert "expected the goal image's shape" in str(outcomes[1])
+
+
+def _stalled_upload(url: str, path: str) -> socket.socket:
+    """A connection that sends the headers and 5 bytes of a declared 1 MB body, then nothing."""
+    host, port = httpx.URL(url).host, httpx.URL(url).port
+    sock = socket.create_connection((host, port), timeout=10)
+    head = f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: {CONTENT_TYPE}\r\nContent-Length: 1000000\r\n\r\n"
+    sock.sendall(head.encode() + b"VLMR\x01")
+    return sock
+
+
+def test_stalled_uploads_time_out_and_healthz_keeps_answering(server):
+    limited = server + "/limited"
+    stalled = [_stalled_upload(server, "/limited/v1/score") for _ in range(2 * LIMITED.max_ongoing_requests())]
+    try:
+        time.sleep(0.5)
+        health = httpx.get(limited + "/healthz", timeout=5)  # before: a ReadTimeout, every slot held by a stall
+        assert health.status_code == 200
+        statuses = [int(sock.recv(64).split()[1]) for sock in stalled]  # each answered: none is held open
+    finally:
+        for sock in stalled:
+            sock.close()
+    # the first max_body_reads are read for body_timeout_s, then refused; the others are refused at once or,
+    # on a loaded machine, read once a slot frees
+    assert statuses.count(408) >= LIMITED.max_body_reads
+    assert statuses.count(408) + statuses.count(503) == len(stalled)  # the rest refused: none held open
+    text = RemoteReward(limited).example_texts()[0]
+    assert RemoteReward(limited).score([replace(_requests(1)[0], text=text)])[0].ok
+
+
+def test_pixel_limits_bound_the_work_of_items_that_share_one_array(server):
+    """Items whose arrays all point to the same bytes: small on the wire, large once decoded."""
+    one = _requests(1)[0]  # 4 frames and a reference of 16x16: 1280 pixels
+    body = decode_body(encode_score([one]))
+    item = body.items()[0]
+
+    def aliased(items: list) -> bytes:
+        header = {**body.header, "items": items}
+        text = json.dumps(header).encode()
+        return b"VLMR\x01" + len(text).to_bytes(4, "little") + text + bytes(body.blob)
+
+    views = {f"camera{i}": item["frames"] for i in range(7)}  # 7 x 1024 more: over 8192 per item
+    response = _post(server, aliased([item, {**item, "views": views}]), "/limited/v1/score")
+    assert response.status_code == 422, response.text
+    assert "items[1]: frames, reference and views decode to 8448 pixels" in response.json()["results"][1]["error"]
+    assert "max_pixels_per_item" in response.json()["results"][1]["error"]
+    response = _post(server, aliased([item] * 2000), "/limited/v1/score")  # 2000 x 1280 pixels, 32768 taken
+    assert response.status_code == 413 and "2560000 pixels" in response.json()["error"]
+    assert "max_pixels_per_request" in response.json()["error"]
+
+
+def test_reward_with_its_own_texts_turns_ready_and_conforms_remotely(server):
+    """push_marker_progress refuses generic texts: its warm-up and check_reward use the texts it declares."""
+    ready = httpx.get(server + "/limited/readyz")
+    assert ready.status_code == 200, ready.text
+    remote = RemoteReward(server + "/limited")
+    assert remote.example_texts() == build_reward("push_marker_progress").example_texts()
+    check_reward(remote)
 
 
 async def _load(url: str, clients: int, per_client: int, frames: int = 4) -> tuple[dict, list[float], int]:

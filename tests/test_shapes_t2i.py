@@ -8,26 +8,30 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from generation import shapes_eval, shapes_t2i
-from generation.config import GRPOConfig
-from generation.models import load_tiny_generator
-from generation.pretrain import PretrainConfig, run_pretrain
-from generation.sampling import sample_deterministic
-from generation.shapes_eval import best_of_n, load_policy, pass_rates
-from generation.shapes_t2i import ShapePrompt, Verdict, prompts, render, sample_verdicts, verify
-from generation.train import run_grpo
 from vlm_rewards.config import load_job_config
 from vlm_rewards.data.episodes import PairDataset
 from vlm_rewards.data.synthetic import COLORS, GOALS, SHAPES
+from vlm_rewards.generation import shapes_eval, shapes_t2i
+from vlm_rewards.generation.config import GRPOConfig, PretrainConfig
+from vlm_rewards.generation.models import load_tiny_generator
+from vlm_rewards.generation.pretrain import run_pretrain
+from vlm_rewards.generation.sampling import sample_deterministic
+from vlm_rewards.generation.shapes_eval import best_of_n, load_policy, pass_rates
+from vlm_rewards.generation.shapes_t2i import ShapePrompt, Verdict, prompts, render, sample_verdicts, verify
+from vlm_rewards.generation.train import run_grpo
 from vlm_rewards.interface import RewardRequest
 from vlm_rewards.registry import build_reward
 from vlm_rewards.testing import check_reward
 
 CONFIGS_DIR = Path(__file__).parents[1] / "configs" / "grpo"
-VERIFIER = {"kind": "function", "function": "generation.shapes_t2i:verifier_score", "value_range": [0, 1]}
-REDNESS = {"kind": "function", "function": "generation.rule_rewards:redness", "value_range": [-1, 1]}
-ACCURACY = {"kind": "function", "function": "generation.shapes_t2i:accuracy", "value_range": [0, 1]}
-SOLID = {"kind": "function", "function": "generation.shapes_t2i:solid_verifier_score", "value_range": [0, 1]}
+VERIFIER = {"kind": "function", "function": "vlm_rewards.generation.shapes_t2i:verifier_score", "value_range": [0, 1]}
+REDNESS = {"kind": "function", "function": "vlm_rewards.generation.rule_rewards:redness", "value_range": [-1, 1]}
+ACCURACY = {"kind": "function", "function": "vlm_rewards.generation.shapes_t2i:accuracy", "value_range": [0, 1]}
+SOLID = {
+    "kind": "function",
+    "function": "vlm_rewards.generation.shapes_t2i:solid_verifier_score",
+    "value_range": [0, 1],
+}
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -181,7 +185,8 @@ def test_pretrained_base_saves_a_folder_that_grpo_trains(tmp_path):
     assert rates["all"]["correct"] == accuracies[1] and set(rates) == {"all", *pairs}
 
     with pytest.raises(ValueError, match="is a 'flow' model, not 'flux'"):
-        run_grpo(config.model_copy(update={"model": config.model.model_copy(update={"family": "flux"})}))
+        flux = config.model.model_copy(update={"family": "flux"})
+        run_grpo(config.model_copy(update={"model": flux, "output_dir": tmp_path / "flux"}))
 
 
 def test_generated_pairs_prefer_the_image_the_verifier_scores_higher(tmp_path, monkeypatch):

@@ -11,7 +11,8 @@ import torch
 
 from vlm_rewards.interface import RewardRequest, RewardSession
 from vlm_rewards.models.backbones import FAMILIES, build_tiny_backbone
-from vlm_rewards.models.reward_network import RewardNetwork, RewardNetworkConfig
+from vlm_rewards.models.config import RewardNetworkConfig
+from vlm_rewards.models.reward_network import RewardNetwork
 from vlm_rewards.models.streaming import KVCacheSession
 
 ATOL = 1e-5

@@ -15,8 +15,9 @@ import torch
 
 from vlm_rewards.interface import RewardRequest
 from vlm_rewards.models.backbones import FAMILIES, build_tiny_backbone
+from vlm_rewards.models.config import RewardNetworkConfig
 from vlm_rewards.models.inputs import IMAGE_PLACEHOLDER, PieceEncoder
-from vlm_rewards.models.reward_network import RewardNetwork, RewardNetworkConfig
+from vlm_rewards.models.reward_network import RewardNetwork
 from vlm_rewards.models.streaming import KVCacheSession, _fast_vision, _Piece, _Qwen25Vision
 
 ATOL = 1e-5

@@ -40,7 +40,7 @@ def tiny_config(output_dir, *overrides) -> TrainRMConfig:
 def test_shipped_train_and_eval_configs_validate():
     from pathlib import Path
 
-    from vlm_rewards.evaluation.evaluate import EvalRMConfig
+    from vlm_rewards.evaluation.config import EvalRMConfig
 
     for path in Path("configs/train_rm").glob("*.yaml"):
         load_job_config(TrainRMConfig, path)

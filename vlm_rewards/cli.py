@@ -11,7 +11,8 @@ from __future__ import annotations
 import glob
 import json
 import logging
-from collections.abc import Callable, Iterable, Iterator
+import os
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, TypeVar
@@ -30,6 +31,12 @@ app = typer.Typer(
 )
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
+# OpenMP threads that wait for work spin on their core by default. When another process holds one of the
+# few cores, every parallel region then waits for a spinning thread that is not scheduled: a CPU job ran
+# 11x slower beside one busy process (bench/omp_contention.py). Passive waiting costs nothing measurable
+# on an idle machine. Set before a job loads torch (its OpenMP runtime reads the variable once, and child
+# processes inherit it); a value the user set is kept.
+THREAD_DEFAULTS = {"OMP_WAIT_POLICY": "PASSIVE"}
 LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 ItemT = TypeVar("ItemT")
 
@@ -46,9 +53,16 @@ def main(
     ] = "info",
 ) -> None:
     """vlm-rewards: VLM progress and preference reward models behind one reward interface."""
+    set_thread_defaults()
     if log_level.lower() not in LOG_LEVELS:
         raise typer.BadParameter(f"{log_level!r}; expected one of {', '.join(LOG_LEVELS)}", param_hint="--log-level")
     configure_logging(LOG_LEVELS[log_level.lower()])
+
+
+def set_thread_defaults(environ: MutableMapping[str, str] = os.environ) -> None:
+    """Fill in `THREAD_DEFAULTS` where the environment leaves them unset."""
+    for name, value in THREAD_DEFAULTS.items():
+        environ.setdefault(name, value)
 
 
 def configure_logging(level: int = logging.INFO) -> None:
@@ -147,7 +161,8 @@ def train_rm(args: JobArgs = None) -> None:
 @app.command("eval-rm")
 def eval_rm(args: JobArgs = None) -> None:
     """Evaluate any reward: VOC (expert, reversed, random), success AUC, instruction use, pair accuracy."""
-    from vlm_rewards.evaluation.evaluate import EvalRMConfig, run_eval
+    from vlm_rewards.evaluation.config import EvalRMConfig
+    from vlm_rewards.evaluation.evaluate import run_eval
 
     run_config_job(EvalRMConfig, lambda config: console.print(metrics_table(run_eval(config, tqdm_track))), args)
 
@@ -218,11 +233,18 @@ def rewards() -> None:
 @app.command("serve")
 def serve_reward(args: JobArgs = None) -> None:
     """Serve a reward over HTTP on Ray Serve (dynamic batching, replicas): `vlmr serve REWARD [key=value ...]`."""
-    from vlm_rewards.serving.config import ServeConfig, run_serve_job, serve_job_args
+    from vlm_rewards.registry import check_reward_config
+    from vlm_rewards.serving.config import ServeConfig, serve_job_args
+
+    def run(config: ServeConfig) -> None:
+        check_reward_config(config.reward)  # before ray and the server load
+        from vlm_rewards.serving.server import run_serve
+
+        run_serve(config)
 
     with clean_errors():
         job_args = serve_job_args(args)
-    run_config_job(ServeConfig, run_serve_job, job_args)
+    run_config_job(ServeConfig, run, job_args)
 
 
 @app.command()
@@ -252,8 +274,8 @@ def annotate(args: JobArgs = None) -> None:
 @app.command()
 def collect(args: JobArgs = None) -> None:
     """Roll out scripted policies on a MuJoCo task and write an episode dataset with progress labels."""
-    from robotics.collect import collect as run_collect
-    from robotics.config import CollectConfig
+    from vlm_rewards.robotics.collect import collect as run_collect
+    from vlm_rewards.robotics.config import CollectConfig
 
     run_config_job(CollectConfig, lambda config: run_collect(config, tqdm_track), args)
 
@@ -261,7 +283,7 @@ def collect(args: JobArgs = None) -> None:
 @app.command("grounding-sets")
 def grounding_sets(args: JobArgs = None) -> None:
     """Probe sets from Reach episodes: does an RM match the colour word to the pixels (presence), or read only one?"""
-    from robotics.grounding import GroundingConfig, build_grounding_set
+    from vlm_rewards.robotics.grounding import GroundingConfig, build_grounding_set
 
     run_config_job(GroundingConfig, lambda config: build_grounding_set(config, tqdm_track), args)
 
@@ -269,8 +291,8 @@ def grounding_sets(args: JobArgs = None) -> None:
 @app.command()
 def rl(args: JobArgs = None) -> None:
     """Train PPO or SAC on a MuJoCo task with a sparse, dense, learned or goal-image reward."""
-    from robotics.config import RLConfig
-    from robotics.rl import run_rl
+    from vlm_rewards.robotics.config import RLConfig
+    from vlm_rewards.robotics.rl import run_rl
 
     run_config_job(RLConfig, lambda config: console.print(run_rl(config)), args)
 
@@ -283,7 +305,7 @@ def compare_rl(
     ],
 ) -> None:
     """Success curves of RL runs from several pipelines in one plot, and their table (markdown) on stdout."""
-    from robotics.pipeline import compare_runs
+    from vlm_rewards.robotics.report import compare_runs
 
     with clean_errors():
         typer.echo(compare_runs(dict(_labelled_runs(curve) for curve in curves), output))
@@ -299,7 +321,7 @@ def _labelled_runs(curve: str) -> tuple[str, list[Path]]:
 @app.command()
 def pipeline(args: JobArgs = None) -> None:
     """The main job: collect demonstrations, train a progress RM from scratch, RL with it and baselines, report."""
-    from robotics.pipeline import PipelineConfig, run_pipeline
+    from vlm_rewards.robotics.pipeline import PipelineConfig, run_pipeline
 
     run_config_job(PipelineConfig, lambda config: console.print(f"report: {run_pipeline(config, tqdm_track)}"), args)
 
@@ -307,8 +329,8 @@ def pipeline(args: JobArgs = None) -> None:
 @app.command()
 def grpo(args: JobArgs = None) -> None:
     """GRPO fine-tuning of a flow-matching (SD3) or DDIM (UNet) generator with rewards; LoRA, resumable."""
-    from generation.config import GRPOConfig
-    from generation.train import run_grpo
+    from vlm_rewards.generation.config import GRPOConfig
+    from vlm_rewards.generation.train import run_grpo
 
     run_config_job(GRPOConfig, lambda config: run_grpo(config, tqdm_track), args)
 
@@ -316,15 +338,29 @@ def grpo(args: JobArgs = None) -> None:
 @app.command()
 def rwr(args: JobArgs = None) -> None:
     """Reward-weighted regression on a GRPO config's prompts and rewards: GRPO's baseline at equal sampled images."""
-    from generation.rwr import RWRConfig, run_rwr
+    from vlm_rewards.generation.config import RWRConfig
+    from vlm_rewards.generation.rwr import run_rwr
 
     run_config_job(RWRConfig, lambda config: run_rwr(config, tqdm_track), args)
+
+
+@app.command("pretrain-backbone")
+def pretrain_backbone(args: JobArgs = None) -> None:
+    """Pretrain the simulated world's small Qwen2.5-VL backbone on questions about ShapesWorld and Reach frames."""
+    from vlm_rewards.robotics.backbone import run_pretrain_backbone
+    from vlm_rewards.robotics.config import BackboneConfig
+
+    def run(config: BackboneConfig) -> None:
+        console.print(f"model: {run_pretrain_backbone(config, tqdm_track)}")
+
+    run_config_job(BackboneConfig, run, args)
 
 
 @app.command("pretrain-generator")
 def pretrain_generator(args: JobArgs = None) -> None:
     """Train a tiny text-to-image flow model from scratch on ShapesWorld prompts (GRPO's base model)."""
-    from generation.pretrain import PretrainConfig, run_pretrain
+    from vlm_rewards.generation.config import PretrainConfig
+    from vlm_rewards.generation.pretrain import run_pretrain
 
     run_config_job(PretrainConfig, lambda config: run_pretrain(config, tqdm_track), args)
 

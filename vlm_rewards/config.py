@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import pydantic
 import yaml
@@ -103,10 +103,32 @@ def _load_mapping(path: Path) -> dict[str, Any]:
     return loaded
 
 
-class JobConfig(pydantic.BaseModel):
-    """Base of every job config: unknown keys are errors, so a typo never silently uses a default."""
+def require_output_dir(value: Path) -> Path:
+    """An output folder a job may write into: not empty or "." (`output_dir=` parses to "."), which would
+    scatter outputs into the working folder, and not an existing file."""
+    if str(value).strip() in ("", "."):
+        raise ValueError("output_dir must name a folder; an empty value or '.' would write into the current folder")
+    if value.exists() and not value.is_dir():
+        raise ValueError(f"output_dir {str(value)!r} is a file; expected a folder (new or from an earlier run)")
+    return value
 
-    model_config = pydantic.ConfigDict(extra="forbid")
+
+OutputDir = Annotated[Path, pydantic.AfterValidator(require_output_dir)]
+
+
+class Settings(pydantic.BaseModel):
+    """Base of every settings section: unknown keys are errors, so a typo never silently uses a default.
+
+    Each field is documented where it is declared, by the docstring under it (as a dataclass attribute
+    docstring); pydantic keeps it as the field's description, so `vlmr <job> --help`-style listings and
+    JSON schemas show it.
+    """
+
+    model_config = pydantic.ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+
+class JobConfig(Settings):
+    """Base of every job's top-level config (a YAML file plus `dotted.key=value` overrides)."""
 
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
@@ -162,6 +184,21 @@ def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
         else:
             merged[key] = value
     return merged
+
+
+def changed_settings(saved: Any, current: Any, may_change: Sequence[str] = (), prefix: str = "") -> list[str]:
+    """`key: saved -> current` for every dotted setting that differs between two dumped configs, except
+    the keys in `may_change` and everything under them (a run's resume check)."""
+    if prefix.removesuffix(".") in may_change:
+        return []
+    if isinstance(saved, dict) and isinstance(current, dict):
+        names = sorted(saved.keys() | current.keys())
+        return [
+            change
+            for name in names
+            for change in changed_settings(saved.get(name), current.get(name), may_change, f"{prefix}{name}.")
+        ]
+    return [] if saved == current else [f"{prefix.removesuffix('.')}: {saved!r} -> {current!r}"]
 
 
 def dump_config(config: pydantic.BaseModel) -> str:

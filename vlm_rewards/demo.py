@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vlm_rewards.config import JobConfig
+from vlm_rewards.config import JobConfig, OutputDir
 from vlm_rewards.data.synthetic import Policy, ShapesWorld
 from vlm_rewards.evaluation.plots import plot_reward_distributions
 from vlm_rewards.interface import RewardModel, RewardRequest, RewardResult, SampleKey
@@ -22,12 +22,18 @@ POLICIES: tuple[Policy, ...] = ("expert", "wrong_goal", "wrong_object", "random"
 
 
 class DemoConfig(JobConfig):
-    reward: str = "demo_composite"  # a reward YAML path or a name in configs/rewards/
+    reward: str = "demo_composite"
+    """A reward YAML path or a name in configs/rewards/."""
     clips_per_policy: int = 8
+    """Synthetic clips scored per policy."""
     num_frames: int = 16
+    """Frames per clip."""
     frame_size: int = 56
+    """Height and width of the frames in pixels."""
     seed: int = 0
-    output_dir: Path = Path("outputs/demo")
+    """Seed of the synthetic clips."""
+    output_dir: OutputDir = Path("outputs/demo")
+    """Where the reward-distribution plot goes."""
 
 
 def synthetic_requests(config: DemoConfig) -> dict[str, list[RewardRequest]]:

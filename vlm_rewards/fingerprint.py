@@ -54,3 +54,13 @@ def weights_fingerprint(name_or_path: str | Path, revision: str | None = None) -
     if Path(name_or_path).is_dir():
         return fingerprint(fingerprint_files(name_or_path))
     return fingerprint(str(name_or_path), revision)
+
+
+def file_stamp(path: str | Path) -> tuple[int, int] | None:
+    """(size, mtime in ns) of a file, None if there is none: a cheap stand-in for its content's hash
+    (a rewrite changes the mtime) where the files are too large to read on every run."""
+    try:
+        stat = Path(path).stat()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return stat.st_size, stat.st_mtime_ns

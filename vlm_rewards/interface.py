@@ -33,6 +33,7 @@ import numpy as np
 logger = logging.getLogger(__name__)
 REFERENCE = "reference"  # a `requires` entry: the request must carry reference/goal frames
 VIEW_PREFIX = "view:"  # a `requires` entry "view:<name>": the request must carry that camera view
+EXAMPLE_TEXTS = ("move the red circle to the top left", "push the blue square to the center")
 
 
 @dataclass(frozen=True)
@@ -248,6 +249,8 @@ class BaseReward(ABC):
     `prefer` defaults to the Bradley–Terry reading of the scalar reward, P(a > b) = σ(r_a − r_b);
     rewards with a native pairwise judgement override `_prefer`. `ascore` runs `score` in a worker
     thread; `open_session` rescores each stream's prefix (rewards with a cache override it).
+    `example_texts` gives instructions the reward accepts, for example requests (a server's warm-up,
+    `check_reward`); rewards that refuse some texts override it.
     """
 
     spec: RewardSpec
@@ -272,6 +275,10 @@ class BaseReward(ABC):
         self, texts: Sequence[str], references: Sequence[np.ndarray | None] | None = None
     ) -> RewardSession:
         return RescoringSession(self, texts, references)
+
+    def example_texts(self) -> tuple[str, ...]:
+        """Instructions this reward accepts (any text here: generic instructions)."""
+        return EXAMPLE_TEXTS
 
     @abstractmethod
     def _score(self, requests: list[RewardRequest]) -> list[RewardResult]: ...
@@ -330,6 +337,11 @@ class RescoringSession(RewardSession):
             else:
                 values[stream_index].append(result.reward)
         return [np.asarray(v, dtype=np.float64) for v in values]
+
+
+def example_texts_of(reward: RewardModel) -> tuple[str, ...]:
+    """Instructions `reward` accepts: its `example_texts()`, or generic ones for a reward without that method."""
+    return reward.example_texts() if isinstance(reward, BaseReward) else EXAMPLE_TEXTS
 
 
 def append_views(

@@ -19,15 +19,21 @@ Gather = Callable[[list], list]  # local list -> the concatenation of every proc
 
 
 class RunningMeanStd:
-    """Mean and variance over every value seen so far, merged batch by batch (Chan et al.).
+    """Mean and variance over every value seen so far, merged batch by batch (Chan et al.), starting from
+    a prior of mean 0 and variance 1 that weighs as `prior_count` values (`count` includes it).
 
-    Non-finite values (a reward that failed on a sample) are left out of the statistics.
+    The prior keeps the variance positive until the values spread: without it a first batch of equal
+    values has variance 0, and is divided by sqrt(epsilon). It fades as values arrive (after n values
+    it weighs prior_count / (n + prior_count)). Non-finite values (a reward that failed on a sample)
+    are left out of the statistics.
     """
 
-    def __init__(self, epsilon: float = 1e-8):
+    def __init__(self, epsilon: float = 1e-8, prior_count: float = 1.0):
+        if not prior_count > 0:
+            raise ValueError(f"RunningMeanStd: prior_count {prior_count}; expected > 0 (the weight of variance 1)")
         self.mean = 0.0
         self.var = 1.0
-        self.count = 0
+        self.count = float(prior_count)
         self.epsilon = epsilon
         self.frozen = False
 
@@ -55,14 +61,14 @@ class RunningMeanStd:
         """Stop (or resume) updating, e.g. for evaluation rollouts."""
         self.frozen = frozen
 
-    def state_dict(self) -> dict[str, float | int | bool]:
+    def state_dict(self) -> dict[str, float | bool]:
         return {"mean": self.mean, "var": self.var, "count": self.count, "frozen": self.frozen}
 
     def load_state_dict(self, state: dict) -> None:
         missing = {"mean", "var", "count"} - set(state)
         if missing:
             raise ValueError(f"RunningMeanStd state: missing {sorted(missing)}")
-        self.mean, self.var, self.count = float(state["mean"]), float(state["var"]), int(state["count"])
+        self.mean, self.var, self.count = float(state["mean"]), float(state["var"]), float(state["count"])
         self.frozen = bool(state.get("frozen", False))
 
 

@@ -29,7 +29,7 @@ _BUILTIN_KINDS = {
     "composite": "vlm_rewards.rewards.composite:CompositeReward",
     "frame_window": "vlm_rewards.rewards.window:FrameWindowReward",
     "embedding_goal": "vlm_rewards.models.embedding:EmbeddingGoalReward",
-    "trained_rm": "vlm_rewards.models.reward_network:TrainedRewardModel",
+    "trained_rm": "vlm_rewards.models.trained_reward:TrainedRewardModel",
     "vlm_judge": "vlm_rewards.models.judge:YesNoJudge",
     "gvl_progress": "vlm_rewards.models.judge:GVLProgressJudge",
     "remote": "vlm_rewards.serving.client:RemoteReward",
@@ -107,6 +107,19 @@ def build_reward(config: str | Path | Mapping[str, Any], relative_to: Path | Non
         return _build_from_mapping(load_yaml_file(path), origin=str(path))
     finally:
         _BUILDING.reset(token)
+
+
+def check_reward_config(reference: str | Path) -> None:
+    """Check a reward config without building it: it exists, names a known kind, and its parameters
+    validate (a server checks this before Ray starts; its replicas build the reward)."""
+    path = resolve_reward_path(reference)
+    config = load_yaml_file(path)
+    if "kind" not in config:
+        raise ValueError(f"{path}: missing `kind`; is this a reward config?")
+    try:
+        reward_class(str(config["kind"])).Params.model_validate({k: v for k, v in config.items() if k != "kind"})
+    except pydantic.ValidationError as error:
+        raise ValueError(f"{path} (kind {config['kind']!r}): {format_validation_error(error)}") from None
 
 
 def current_config_folder() -> Path | None:

@@ -1,9 +1,10 @@
 """`check_reward`: what gymnasium's `check_env` is to envs, for rewards.
 
-It builds random requests that fit the reward's spec and checks that the reward keeps the promises
-its spec makes: result shapes and ranges, batch invariance, determinism, causal prefix equality, a
-session equal to full scoring (causal rewards), `ascore` equal to `score`, `prefer` in [0, 1], JSON
-round trips of spec and results, and clear errors for bad input. Any reward kind gets it for free:
+It builds random requests that fit the reward's spec, with texts the reward accepts (its
+`example_texts()`), and checks that the reward keeps the promises its spec makes: result shapes and
+ranges, batch invariance, determinism, causal prefix equality, a session equal to full scoring (causal
+rewards), `ascore` equal to `score`, `prefer` in [0, 1], JSON round trips of spec and results, and
+clear errors for bad input. Any reward kind gets it for free:
 
     from vlm_rewards.testing import check_reward
     check_reward(build_reward("my_reward"))
@@ -20,12 +21,14 @@ from dataclasses import replace
 import numpy as np
 
 from vlm_rewards.interface import (
+    EXAMPLE_TEXTS,
     REFERENCE,
     VIEW_PREFIX,
     RewardModel,
     RewardRequest,
     RewardResult,
     RewardSpec,
+    example_texts_of,
     validate_results,
 )
 
@@ -40,7 +43,7 @@ def random_requests(
     count: int = 3,
     frame_side: int | None = None,
     max_frames: int = 6,
-    texts: Sequence[str] = ("move the red circle to the top left", "push the blue square to the center"),
+    texts: Sequence[str] = EXAMPLE_TEXTS,
 ) -> list[RewardRequest]:
     """`count` requests of 1..max_frames random frames that satisfy `spec` (sizes, budget, requirements)."""
     side = frame_side or _frame_side(spec)
@@ -60,17 +63,25 @@ def random_requests(
     return requests
 
 
+def example_requests(reward: RewardModel, count: int = 3, seed: int = 0, max_frames: int = 6) -> list[RewardRequest]:
+    """`count` requests `reward` accepts: random frames that fit its spec, with its `example_texts()`."""
+    return random_requests(
+        reward.spec, np.random.default_rng(seed), count, max_frames=max_frames, texts=example_texts_of(reward)
+    )
+
+
 def check_reward(
     reward: RewardModel,
     requests: Sequence[RewardRequest] | None = None,
     seed: int = 0,
     atol: float = 1e-5,
 ) -> None:
-    """Run every check on `reward`; raise `ConformanceError` naming the first promise it breaks."""
+    """Run every check on `reward`, on `requests` (default: `example_requests(reward, seed=seed)`); raise
+    `ConformanceError` naming the first promise it breaks."""
     spec = reward.spec
     if not isinstance(spec, RewardSpec):
         raise ConformanceError(f"spec: expected a RewardSpec, got {type(spec).__name__}")
-    requests = list(requests) if requests is not None else random_requests(spec, np.random.default_rng(seed))
+    requests = list(requests) if requests is not None else example_requests(reward, seed=seed)
     results = reward.score(requests)
     _check("results match requests and spec", lambda: validate_results(results, requests, spec))
     _check_json(spec, results)

@@ -28,7 +28,7 @@ from av.video.reformatter import VideoReformatter
 from PIL import Image
 
 from vlm_rewards.annotation.config import SamplingConfig
-from vlm_rewards.annotation.sources import CameraSpan, EpisodeRef
+from vlm_rewards.annotation.sources import CameraSpan, EpisodeOutcome, EpisodeRef
 from vlm_rewards.media import read_clip
 from vlm_rewards.subsample import subsample_indices
 
@@ -328,3 +328,14 @@ def _load_reference(path: str) -> np.ndarray:
         return _load_reference_cached(path)
     except ValueError as error:
         raise DecodeError(f"reference {path}: {error}") from None
+
+
+def decode_or_failure(
+    ref: EpisodeRef, sampling: SamplingConfig, budget: int | None = None, threads: int = 1
+) -> DecodedEpisode | EpisodeOutcome:
+    """Top-level (picklable) task for decode workers: the decoded episode (only the frames the
+    reward's `budget` keeps, see `decode_episode`), or its failure outcome."""
+    try:
+        return decode_episode(ref, sampling, budget, threads)
+    except DecodeError as error:
+        return EpisodeOutcome(ref=ref, error=str(error), stage="decode")

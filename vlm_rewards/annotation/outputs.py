@@ -2,8 +2,9 @@
 
     <output_dir>/
       job.json                the fingerprint of the job that owns this folder (written first)
-      shards/<stem>.parquet   one per finished episode, written atomically (the resume state)
-      failures/<stem>.json    one per failed episode, with the stage and reason
+      shards/<stem>.parquet   one per finished episode, written atomically (the resume state), with the
+                              stamp of the episode's inputs (`sources.input_stamp`) in its metadata
+      failures/<stem>.json    one per failed episode, with the stage, reason and input stamp
       frames.parquet          merged: source, episode, frame, scored, progress (listing order)
       episodes.parquet        per episode: reward, components, progress summary, success, flags
       failures.json           every failure of the last run, in listing order
@@ -11,8 +12,10 @@
       lerobot_progress.parquet, lerobot_dataset/   for LeRobot input
       report/                 PNG curves and index.html
 
-A re-run skips episodes that have a shard; a job whose fingerprint differs from job.json refuses to
-write into the folder unless `overwrite` is set (which deletes the old outputs first).
+A re-run skips episodes that have a shard of the same input stamp (an episode whose files changed is
+redone); a job whose fingerprint differs from job.json refuses to write into the folder, naming the
+settings that differ, unless `overwrite` is set (which deletes the old outputs first). Temporary files of
+writers killed mid-write are removed anywhere in the folder when a job starts.
 """
 
 from __future__ import annotations
@@ -31,14 +34,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from vlm_rewards.annotation.scoring import EpisodeOutcome
-from vlm_rewards.annotation.sources import EpisodeRef
+from vlm_rewards.annotation.sources import EpisodeOutcome, EpisodeRef
 from vlm_rewards.io import atomic_path, process_alive, write_json
 
 logger = logging.getLogger(__name__)
 
 FORMAT = "vlm-rewards/annotation"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: shards and failure files carry their episode's input stamp
 META_KEY = b"vlm_rewards.annotation"
 FRAME_SCHEMA = pa.schema(
     [
@@ -70,18 +72,22 @@ class OutputStore:
 
     def prepare(self, fingerprint: str, parts: dict[str, Any], overwrite: bool = False) -> None:
         """Claim the folder for a job with `fingerprint`; refuse a folder of another job unless `overwrite`."""
+        if self.root.exists() and not self.root.is_dir():
+            raise ValueError(f"output_dir {self.root}: exists and is not a folder")
         job_path = self.root / "job.json"
-        existing = None
+        existing, existing_parts = None, {}
         if job_path.is_file():
-            existing = json.loads(job_path.read_text()).get("fingerprint")
+            job = json.loads(job_path.read_text())
+            existing, existing_parts = job.get("fingerprint"), job.get("parts") or {}
         elif self.shards.is_dir() and any(self.shards.iterdir()):
             existing = "<unknown: shards without job.json>"
         if existing is not None and existing != fingerprint:
             if not overwrite:
+                changes = "; ".join(changed_parts(existing_parts, parts)) or "a different reward, sampling or source"
                 raise ValueError(
                     f"{self.root} holds annotations of another job (fingerprint {existing}, this job {fingerprint}: "
-                    "a different reward version, sampling, preprocessing or source). Refusing to mix them; use "
-                    "another output_dir, or set overwrite=true to delete the old outputs."
+                    f"{changes}). Refusing to mix them; use another output_dir, or set overwrite=true to delete "
+                    "the old outputs."
                 )
             logger.warning("overwrite: deleting the outputs of job %s in %s", existing, self.root)
             self.clear()
@@ -97,13 +103,14 @@ class OutputStore:
             (self.root / name).unlink(missing_ok=True)
 
     def remove_orphans(self) -> None:
-        """Temporary files of writers that died (SIGKILL) mid-write."""
-        for folder in (self.root, self.shards, self.failures):
-            if not folder.is_dir():
-                continue
-            for path in folder.iterdir():
-                match = TEMPORARY.match(path.name)
-                if match and not process_alive(int(match.group(1))) and path.is_file():
+        """Temporary files and folders (`io.atomic_path`, `io.atomic_folder`) of writers that died (SIGKILL)
+        mid-write, anywhere in the folder: shards, merged tables, the report's PNGs."""
+        for path in sorted(self.root.rglob(".*.tmp")):
+            match = TEMPORARY.match(path.name)
+            if match and not process_alive(int(match.group(1))):
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
                     path.unlink(missing_ok=True)
 
     def shard_path(self, ref: EpisodeRef) -> Path:
@@ -113,7 +120,11 @@ class OutputStore:
         return self.failures / f"{shard_stem(ref.source, ref.episode)}.json"
 
     def is_done(self, ref: EpisodeRef, retry_failed: bool = True) -> bool:
-        return self.shard_path(ref).is_file() or (not retry_failed and self.failure_path(ref).is_file())
+        """Whether `ref` has a shard (or, unless `retry_failed`, a failure) written from the same inputs."""
+        shard, failure = self.shard_path(ref), self.failure_path(ref)
+        if shard.is_file():
+            return json.loads(pq.read_schema(shard).metadata[META_KEY]).get("inputs") == ref.inputs
+        return not retry_failed and failure.is_file() and json.loads(failure.read_text()).get("inputs") == ref.inputs
 
     # -------------------------------------------------------------- per-episode writes
 
@@ -144,13 +155,16 @@ class OutputStore:
                 "success": ref.success,
                 "episode_index": ref.episode_index,
                 "index_start": ref.index_start,
+                "inputs": ref.inputs,
             }
             table = table.replace_schema_metadata({META_KEY: json.dumps(meta, sort_keys=True).encode()})
             with atomic_path(self.shard_path(ref)) as temporary:
                 pq.write_table(table, temporary)
             self.failure_path(ref).unlink(missing_ok=True)
         else:
-            write_json(self.failure_path(ref), failure_record(ref, outcome.stage or "decode", outcome.error or ""))
+            record = failure_record(ref, outcome.stage or "decode", outcome.error or "")
+            write_json(self.failure_path(ref), record | {"inputs": ref.inputs})
+            self.shard_path(ref).unlink(missing_ok=True)  # a shard of the episode's earlier inputs
 
     def read_shard(self, ref: EpisodeRef) -> tuple[pa.Table, dict[str, Any]]:
         # ParquetFile, not read_table: 4x less overhead per small file, which the merge pays per episode
@@ -164,6 +178,18 @@ def failure_record(ref: EpisodeRef, stage: str, reason: str) -> dict[str, Any]:
     return {"source": ref.source, "episode": ref.episode, "path": ref.path, "stage": stage, "reason": reason}
 
 
+def changed_parts(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """The fingerprint parts that differ between two jobs, as `dotted.key: old -> new`."""
+    changes = []
+    for key in sorted(old.keys() | new.keys()):
+        before, after = old.get(key), new.get(key)
+        if isinstance(before, dict) and isinstance(after, dict):
+            changes += changed_parts(before, after, f"{prefix}{key}.")
+        elif before != after:
+            changes.append(f"{prefix}{key}: {before!r} -> {after!r}")
+    return changes
+
+
 # ----------------------------------------------------------------------------- merged outputs
 
 
@@ -174,9 +200,8 @@ def finalize(
     component_names: Sequence[str],
     flag_fn,
 ) -> dict[str, Any]:
-    """Merge the shards of `refs` (in listing order) into the final tables; returns the manifest."""
-    from vlm_rewards.annotation.report import FLAG_NAMES  # noqa: F401 - flags are documented there
-
+    """Merge the shards of `refs` (in listing order) into the final tables; returns the manifest. `flag_fn`
+    gives an episode's quality flags (`report.episode_flags`; the flags are listed in `report.FLAG_NAMES`)."""
     root = store.root
     episodes_rows: list[dict[str, Any]] = []
     failures: list[dict[str, Any]] = []
@@ -187,7 +212,9 @@ def finalize(
             if not store.shard_path(ref).is_file():
                 failure_file = store.failure_path(ref)
                 if failure_file.is_file():
-                    failures.append(json.loads(failure_file.read_text()))
+                    record = json.loads(failure_file.read_text())
+                    record.pop("inputs", None)
+                    failures.append(record)
                 else:
                     failures.append(failure_record(ref, "missing", "not processed (the run stopped early?)"))
                 continue

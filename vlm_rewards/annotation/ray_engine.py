@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 
 from vlm_rewards.annotation.config import AnnotateConfig, SamplingConfig
-from vlm_rewards.annotation.decode import DecodedEpisode
+from vlm_rewards.annotation.decode import DecodedEpisode, decode_or_failure
 from vlm_rewards.annotation.outputs import OutputStore
-from vlm_rewards.annotation.scoring import EpisodeOutcome, check_reward_for_annotation, score_batch
-from vlm_rewards.annotation.sources import EpisodeRef
+from vlm_rewards.annotation.scoring import check_reward_for_annotation, score_batch
+from vlm_rewards.annotation.sources import EpisodeOutcome, EpisodeRef
 
 logger = logging.getLogger(__name__)
 
@@ -68,8 +68,6 @@ def outcome_from_json(text: str) -> EpisodeOutcome:
 
 def decode_row(row: dict[str, Any], sampling: dict[str, Any]) -> dict[str, Any]:
     """Ray task: one episode ref -> its decoded frames as an .npz payload, or the failure."""
-    from vlm_rewards.annotation.runner import decode_or_failure
-
     ref = EpisodeRef.from_json(json.loads(row["ref"]))
     result = decode_or_failure(ref, SamplingConfig.model_validate(sampling))
     if isinstance(result, EpisodeOutcome):

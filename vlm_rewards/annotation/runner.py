@@ -15,13 +15,16 @@ import contextlib
 import functools
 import logging
 import multiprocessing
+import os
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vlm_rewards.annotation.config import AnnotateConfig, SamplingConfig
-from vlm_rewards.annotation.decode import DecodedEpisode, DecodeError, decode_episode
+from vlm_rewards.annotation.config import AnnotateConfig
+from vlm_rewards.annotation.decode import DecodedEpisode, decode_or_failure
 from vlm_rewards.annotation.outputs import (
     FORMAT,
     FORMAT_VERSION,
@@ -32,14 +35,14 @@ from vlm_rewards.annotation.outputs import (
     write_lerobot_progress_table,
 )
 from vlm_rewards.annotation.report import episode_flags, write_report
-from vlm_rewards.annotation.scoring import EpisodeOutcome, check_reward_for_annotation, episode_budget, score_batch
-from vlm_rewards.annotation.sources import EpisodeRef, iter_episodes, source_name
+from vlm_rewards.annotation.scoring import check_reward_for_annotation, episode_budget, score_batch
+from vlm_rewards.annotation.sources import EpisodeOutcome, EpisodeRef, iter_episodes, source_name
 from vlm_rewards.fingerprint import fingerprint, sha256_file
 from vlm_rewards.interface import RewardModel
 from vlm_rewards.registry import build_reward
+from vlm_rewards.tracking import Track
 
 logger = logging.getLogger(__name__)
-Track = Callable[..., Iterable]
 
 
 @dataclass
@@ -61,8 +64,9 @@ class AnnotationSummary:
 
 def job_fingerprint(config: AnnotateConfig, reward: RewardModel) -> tuple[str, dict[str, Any]]:
     """What changes outputs: the reward (name, version), sampling and preprocessing, the source's
-    identity and instruction settings (sidecar and reference contents). Not the engine, workers or
-    batch size: outputs do not depend on them."""
+    identity (its resolved path) and instruction settings (sidecar and reference contents). Not the
+    engine, workers or batch size: outputs do not depend on them. Each episode's own files are
+    stamped apart (`sources.input_stamp`), so that a changed file redoes its episode only."""
     source = config.source
     parts = {
         "format": [FORMAT, FORMAT_VERSION],
@@ -71,10 +75,11 @@ def job_fingerprint(config: AnnotateConfig, reward: RewardModel) -> tuple[str, d
         "sampling": config.sampling.model_dump(mode="json"),
         "source": {
             "kind": source.kind,
+            "path": str(Path(source.path).resolve()),
             "name": source_name(source),
             "instruction": source.instruction,
-            "instructions_sha256": sha256_file(source.instructions) if source.instructions else None,
-            "reference_sha256": sha256_file(source.reference) if source.reference else None,
+            "instructions_sha256": _sha256(source.instructions, "source.instructions"),
+            "reference_sha256": _sha256(source.reference, "source.reference"),
             "camera": source.camera,
             "views": dict(sorted(source.views.items())),
             "extensions": sorted(e.lower() for e in source.extensions),
@@ -82,6 +87,15 @@ def job_fingerprint(config: AnnotateConfig, reward: RewardModel) -> tuple[str, d
         },
     }  # fmt: skip
     return fingerprint(parts), parts
+
+
+def _sha256(path: Path | None, key: str) -> str | None:
+    """The hash of the optional input file given as `key`; a missing one is a ValueError naming it."""
+    if path is None:
+        return None
+    if not Path(path).is_file():
+        raise ValueError(f"{key} {path}: no such file")
+    return sha256_file(path)
 
 
 def run_annotation(
@@ -116,11 +130,10 @@ def _annotate(
             f"reward {reward.spec.name!r} is not dense (no per-frame progress); LeRobot outputs need one value "
             "per frame: use a dense reward, or set lerobot.write_copy=false and lerobot.progress_table=false"
         )
+    refs = list(iter_episodes(config.source))  # checks the source and its sidecar before anything is written
     fp, parts = job_fingerprint(config, reward)
     store = OutputStore(config.output_dir)
     store.prepare(fp, parts, overwrite=config.overwrite)
-
-    refs = list(iter_episodes(config.source))
     pending = [ref for ref in refs if not store.is_done(ref, config.retry_failed)]
     logger.info(
         "annotating %s: %d episodes, %d done before, %d to do (fingerprint %s, engine %s)",
@@ -181,22 +194,27 @@ def _write_lerobot_outputs(config: AnnotateConfig, merged: dict[str, Any]) -> No
 # ----------------------------------------------------------------------------- local engine
 
 
-def decode_or_failure(
-    ref: EpisodeRef, sampling: SamplingConfig, budget: int | None = None, threads: int = 1
-) -> DecodedEpisode | EpisodeOutcome:
-    """Top-level (picklable) task for decode workers: the decoded episode (only the frames the
-    reward's `budget` keeps, see `decode_episode`), or its failure outcome."""
-    try:
-        return decode_episode(ref, sampling, budget, threads)
-    except DecodeError as error:
-        return EpisodeOutcome(ref=ref, error=str(error), stage="decode")
-    except Exception as error:  # noqa: BLE001 - an unexpected decoder crash fails this episode only
-        return EpisodeOutcome(ref=ref, error=f"{ref.path}: {type(error).__name__}: {error}", stage="decode")
+PARENT_POLL_S = 0.5  # how often a decode worker checks that the job still runs
+
+
+def _watch_parent(parent: int) -> None:
+    """A decode worker's initializer: a daemon thread ends the worker once the job `parent` is gone.
+
+    A killed job's workers are re-parented (POSIX), so `os.getppid()` changes; with the last worker
+    gone, multiprocessing's resource_tracker (which waits for every holder of its pipe) exits too.
+    Unpickling the initializer imports this module (and the decoder with it) while the worker starts,
+    not when its first episode arrives."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="vlmr-watch-parent", daemon=True).start()
 
 
 def _worker_started() -> None:
-    """A decode worker's initializer: the work is in unpickling it, which imports this module (and
-    the decoder with it) while the worker starts, not when its first episode arrives."""
+    """A no-op task: one per worker starts them all."""
 
 
 def make_pool(workers: int, backend: str) -> concurrent.futures.Executor:
@@ -205,7 +223,9 @@ def make_pool(workers: int, backend: str) -> concurrent.futures.Executor:
         return concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="vlmr-decode")
     # spawn, not fork: the parent may hold threads (reward backends, Ray) that fork would copy mid-state
     context = multiprocessing.get_context("spawn")
-    pool = concurrent.futures.ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_started)
+    pool = concurrent.futures.ProcessPoolExecutor(
+        workers, mp_context=context, initializer=_watch_parent, initargs=(os.getpid(),)
+    )
     for _ in range(workers):  # spawned workers start on demand: one task each starts them all
         pool.submit(_worker_started)
     return pool

@@ -8,35 +8,13 @@ reward refuses) fails alone: a batch that raises is rescored one episode at a ti
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from vlm_rewards.annotation.decode import DecodedEpisode
-from vlm_rewards.annotation.sources import EpisodeRef
+from vlm_rewards.annotation.sources import EpisodeOutcome
 from vlm_rewards.interface import RewardModel, RewardRequest, RewardResult, RewardSpec, SampleKey, score_each
 from vlm_rewards.subsample import expand_to_episode, subsample_request
-
-
-@dataclass
-class EpisodeOutcome:
-    """What one episode produced: `progress` (num_frames,) and `scored` (num_frames,) bool on success,
-    or `error` (and the stage that failed: "decode", "reward")."""
-
-    ref: EpisodeRef
-    num_frames: int = 0
-    reward: float = math.nan
-    progress: np.ndarray | None = None
-    scored: np.ndarray | None = None
-    components: dict[str, float] = field(default_factory=dict)
-    info: dict[str, Any] = field(default_factory=dict)
-    error: str | None = None
-    stage: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
 
 
 def check_reward_for_annotation(spec: RewardSpec) -> None:

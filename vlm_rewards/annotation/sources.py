@@ -3,6 +3,8 @@
 `iter_episodes(config)` yields lightweight `EpisodeRef`s lazily, in a deterministic order, without
 decoding any pixels; `vlm_rewards.annotation.decode` turns a ref into frames. A ref that cannot be
 scored whatever happens (no instruction) carries a `problem` and becomes a failure without decoding.
+Each ref carries the stamp of its inputs (`input_stamp`): an episode whose files or listing changed
+since its shard was written is redone.
 """
 
 from __future__ import annotations
@@ -11,14 +13,17 @@ import csv
 import dataclasses
 import json
 import logging
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow.parquet as pq
 
 from vlm_rewards.annotation.config import SourceConfig
+from vlm_rewards.fingerprint import file_stamp, fingerprint
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +59,7 @@ class EpisodeRef:
     episode_index: int | None = None  # LeRobot / episodes: the dataset's id
     index_start: int | None = None  # LeRobot: global `index` of the episode's first frame
     cameras: tuple[CameraSpan, ...] = field(default_factory=tuple)
+    inputs: str | None = None  # `input_stamp` at listing: a shard of another stamp is out of date
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -78,7 +84,32 @@ def iter_episodes(config: SourceConfig) -> Iterator[EpisodeRef]:
     for count, ref in enumerate(readers[config.kind](config, root)):
         if config.limit is not None and count >= config.limit:
             return
-        yield ref
+        yield dataclasses.replace(ref, inputs=input_stamp(ref))
+
+
+_PATH_FIELDS = ("path", "reference", "cameras", "problem", "inputs")  # paths as configured: stamped resolved
+
+
+def input_stamp(ref: EpisodeRef) -> str:
+    """What an episode's outputs depend on besides the job's settings: its listing (instruction, success,
+    frame span...) and the resolved path, size and mtime of every file it is decoded from."""
+    listing = {key: value for key, value in ref.to_json().items() if key not in _PATH_FIELDS}
+    spans = [(span.name, span.from_timestamp, span.to_timestamp) for span in ref.cameras]
+    files = {str(Path(path).resolve()): file_stamp(path) for path in input_files(ref)}
+    return fingerprint(listing, spans, files)
+
+
+def input_files(ref: EpisodeRef) -> list[str]:
+    """The files an episode's frames (and its reference) are decoded from."""
+    if ref.kind == "lerobot":
+        files = [span.path for span in ref.cameras]
+    elif ref.kind == "episodes":
+        from vlm_rewards.data.episodes import episode_stem
+
+        files = sorted(str(path) for path in (Path(ref.path) / "frames").glob(f"{episode_stem(ref.episode_index)}.*"))
+    else:
+        files = [ref.path]
+    return files + ([ref.reference] if ref.reference else [])
 
 
 # ----------------------------------------------------------------------------- video folder
@@ -123,7 +154,10 @@ def load_sidecar(path: Path) -> dict[str, dict[str, Any]]:
     columns path (or video/file), instruction[, success][, reference]."""
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"source.instructions {path}: no such file")
+        raise ValueError(
+            f"source.instructions {path}: no such file (set source.instructions=null to use source.instruction "
+            "for every video)"
+        )
     entries: dict[str, dict[str, Any]] = {}
     if path.suffix.lower() == ".json":
         try:
@@ -133,7 +167,7 @@ def load_sidecar(path: Path) -> dict[str, dict[str, Any]]:
         if not isinstance(data, dict):
             raise ValueError(f"source.instructions {path}: expected a JSON object keyed by video path")
         for key, value in data.items():
-            entries[str(key)] = {"instruction": value} if isinstance(value, str) else dict(value or {})
+            entries[str(key)] = _sidecar_entry(path, str(key), value)
     elif path.suffix.lower() == ".csv":
         with open(path, newline="") as handle:
             reader = csv.DictReader(handle)
@@ -153,6 +187,29 @@ def load_sidecar(path: Path) -> dict[str, dict[str, Any]]:
     else:
         raise ValueError(f"source.instructions {path}: expected a .json or .csv sidecar")
     return entries
+
+
+SIDECAR_FIELDS = {"instruction": str, "success": bool, "reference": str}
+
+
+def _sidecar_entry(path: Path, key: str, value: Any) -> dict[str, Any]:
+    """One value of a JSON sidecar (a text, an object of `SIDECAR_FIELDS` or null) as an entry."""
+    if isinstance(value, str):
+        return {"instruction": value}
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(
+            f"source.instructions {path}: {key}: expected an instruction text or an object with "
+            f"{', '.join(SIDECAR_FIELDS)}, got {type(value).__name__} {value!r}"
+        )
+    for name, kind in SIDECAR_FIELDS.items():
+        if value.get(name) is not None and not isinstance(value[name], kind):
+            raise ValueError(
+                f"source.instructions {path}: {key}: {name}: expected {kind.__name__}, "
+                f"got {type(value[name]).__name__} {value[name]!r}"
+            )
+    return dict(value)
 
 
 # ----------------------------------------------------------------------------- LeRobot v3
@@ -294,3 +351,23 @@ def _episode_dataset(config: SourceConfig, root: Path) -> Iterator[EpisodeRef]:
             fps=float(meta.get("fps") or 0) or None,
             episode_index=episode_id,
         )
+
+
+@dataclass
+class EpisodeOutcome:
+    """What one episode produced: `progress` (num_frames,) and `scored` (num_frames,) bool on success,
+    or `error` (and the stage that failed: "decode", "reward")."""
+
+    ref: EpisodeRef
+    num_frames: int = 0
+    reward: float = math.nan
+    progress: np.ndarray | None = None
+    scored: np.ndarray | None = None
+    components: dict[str, float] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    stage: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None

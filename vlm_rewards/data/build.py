@@ -8,10 +8,10 @@ scenes, tasks and trajectories are continuous draws, so two seeds never share an
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, get_args
+from typing import get_args
 
 import numpy as np
 import pydantic
@@ -29,17 +29,9 @@ from vlm_rewards.data.episodes import (
 )
 from vlm_rewards.data.synthetic import Policy, ShapesWorld
 from vlm_rewards.fingerprint import fingerprint
+from vlm_rewards.tracking import Track, untracked
 
 logger = logging.getLogger(__name__)
-
-# A progress display for long loops, injected by the caller (the CLI passes a tqdm wrapper):
-# track(items, description) -> the same items. Library code defaults to `untracked`.
-Track = Callable[[Iterable[Any], str], Iterable[Any]]
-
-
-def untracked(items: Iterable[Any], description: str = "") -> Iterable[Any]:
-    return items
-
 
 # Bump when ShapesWorld or the builders change what a seed produces, so old synthetic builds are not reused.
 DATA_GENERATOR_VERSION = 1
@@ -132,11 +124,17 @@ class SyntheticData(JobConfig):
     """
 
     num_episodes: int = pydantic.Field(2000, ge=1)
+    """Progress episodes to build."""
     num_pairs: int = pydantic.Field(4000, ge=1)
+    """Preference pairs to build."""
     num_frames: int = pydantic.Field(16, ge=1)
+    """Frames per episode."""
     frame_size: int = pydantic.Field(56, ge=8)
-    num_objects: int = pydantic.Field(3, ge=1)  # the named object plus distractors
+    """Height and width of the frames in pixels."""
+    num_objects: int = pydantic.Field(3, ge=1)
+    """The named object plus distractors."""
     seed: int = 0
+    """Seed of the build; held-out data uses a seed disjoint from training's."""
 
     def build_folder(self, folder: Path, kind: str, name: str | None = None) -> Path:
         """Where the `kind` ("episodes" or "pairs") data of these settings lives under `folder`."""

@@ -12,7 +12,7 @@ Long episodes are scored the way `vlm_rewards.subsample.score_episodes` does: su
 reward's frame budget, the values spread back to every frame.
 
 Library code: it logs through `logging` and shows progress only through an injected `track`
-(`vlm_rewards.data.build.Track`; the CLI passes a tqdm one).
+(`vlm_rewards.tracking.Track`; the CLI passes a tqdm one).
 """
 
 from __future__ import annotations
@@ -20,53 +20,23 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pydantic
 
-from vlm_rewards.config import JobConfig
-from vlm_rewards.data.build import SyntheticData, Track, open_episodes, open_pairs, untracked
+from vlm_rewards.data.build import open_episodes, open_pairs
 from vlm_rewards.data.episodes import EpisodeDataset, EpisodeRecord, PairDataset
 from vlm_rewards.data.labels import mismatched_instruction
+from vlm_rewards.evaluation.config import EvalRMConfig
 from vlm_rewards.evaluation.metrics import mean_voc, pairwise_accuracy, progress_mae, step_correlation, success_auc
 from vlm_rewards.evaluation.plots import plot_progress_curves
 from vlm_rewards.interface import RewardModel, RewardRequest, RewardResult
 from vlm_rewards.io import write_json
 from vlm_rewards.registry import build_reward
 from vlm_rewards.subsample import score_episodes, subsample_indices
+from vlm_rewards.tracking import Track, untracked
 
 logger = logging.getLogger(__name__)
-
-
-class EvalRMConfig(JobConfig):
-    reward: str | dict[str, Any] = "goal_pixel_progress"  # reward YAML path, name in configs/rewards/, or mapping
-    episodes: Path | None = None  # an episode dataset folder; None: build synthetic held-out episodes
-    pairs: Path | None = None  # a pair dataset folder; None: build synthetic held-out pairs
-    # held-out ShapesWorld data, built when no folder is given (a seed disjoint from training's)
-    synthetic: SyntheticData = pydantic.Field(
-        default_factory=lambda: SyntheticData(num_episodes=64, num_pairs=128, seed=1000)
-    )
-    evaluate_pairs: bool | None = None  # None: only for preference models
-    output_dir: Path = Path("outputs/eval_rm")
-    batch_size: int = pydantic.Field(16, ge=1)
-    max_curves: int = pydantic.Field(12, ge=1)
-    seed: int = 0  # draws the mismatched instructions
-    # the clip length the reward trained on (train-rm's data.clip_frames): adds step_correlation_at_clip_frames
-    clip_frames: int | None = pydantic.Field(None, ge=2)
-
-    @pydantic.field_validator("output_dir")
-    @classmethod
-    def _output_dir_named(cls, value: Path) -> Path:
-        return require_output_dir(value)
-
-
-def require_output_dir(value: Path) -> Path:
-    """Refuse an empty output_dir (`output_dir=` parses to "."): outputs would land in the working folder."""
-    if str(value).strip() in ("", "."):
-        raise ValueError("output_dir must name a folder; an empty value or '.' would write into the current folder")
-    return value
 
 
 def score_in_batches(

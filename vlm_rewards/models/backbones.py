@@ -44,6 +44,8 @@ from transformers import (
 from transformers.image_utils import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 
 from vlm_rewards.io import make_readable
+from vlm_rewards.models.config import FAMILIES
+from vlm_rewards.models.hub import resolve_checkpoint
 from vlm_rewards.models.tokenizer import (
     CHAT_TEMPLATE,
     ENDOFTEXT,
@@ -58,7 +60,6 @@ from vlm_rewards.models.tokenizer import (
 )
 from vlm_rewards.models.vision import IMAGE_MIN_TOKENS
 
-FAMILIES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 MERGE_SIZE = 2
 TEMPORAL_PATCH_SIZE = 2
 TINY_MAX_TOKENS = 256  # per-frame token cap of tiny models, so CPU forwards stay fast
@@ -312,19 +313,10 @@ def build_tiny_backbone(
     return out_dir
 
 
-def _check_folder(name_or_path: str | Path) -> None:
-    """Clear errors for local folders that cannot hold a checkpoint; hub ids pass through."""
-    path = Path(name_or_path)
-    if not path.exists():
-        if path.is_absolute() or str(name_or_path).startswith((".", "~")) or len(path.parts) > 2:
-            raise ValueError(f"{name_or_path}: no such folder, and not a hub id of the form org/name")
-        return
-    if not (path / "config.json").is_file():
-        raise ValueError(f"{name_or_path}: no config.json; expected a saved Qwen-VL model folder")
-
-
 def _load_config(name_or_path: str | Path) -> PretrainedConfig:
-    _check_folder(name_or_path)
+    path = Path(name_or_path)
+    if path.is_dir() and not (path / "config.json").is_file():
+        raise ValueError(f"{name_or_path}: no config.json; expected a saved Qwen-VL model folder")
     try:
         config = AutoConfig.from_pretrained(name_or_path)
     except (OSError, ValueError, KeyError) as error:
@@ -370,6 +362,7 @@ def load_backbone(
     `last_hidden_state`; with LM head: `...ForConditionalGeneration`, for generation and log-probs.
     A folder that is not a loadable Qwen-VL model raises a ValueError naming it.
     """
+    name_or_path = resolve_checkpoint(name_or_path, "a Qwen-VL model folder or hub id")
     config = _load_config(name_or_path)
     family = _FAMILIES[config.model_type]
     model_class = family.lm_model_class if with_lm_head else family.base_model_class

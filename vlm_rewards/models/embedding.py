@@ -24,8 +24,10 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModel, AutoProcessor, PreTrainedModel, ProcessorMixin
 
+from vlm_rewards.config import Settings
 from vlm_rewards.fingerprint import fingerprint, weights_fingerprint
 from vlm_rewards.interface import BaseReward, RewardRequest, RewardResult, RewardSpec
+from vlm_rewards.models.hub import resolve_checkpoint
 from vlm_rewards.registry import register
 
 Prompt = Annotated[str, pydantic.Field(min_length=1)]
@@ -53,6 +55,7 @@ def goal_baseline_reward(images: np.ndarray, goal: np.ndarray, baseline: np.ndar
 
 def load_dual_encoder(model: str, device: str, dtype: DType) -> tuple[PreTrainedModel, ProcessorMixin]:
     """A CLIP/SigLIP model and its processor from a hub id or a saved folder, in eval mode on `device`."""
+    model = resolve_checkpoint(model, "embedding_goal: a hub id or a folder holding a CLIP or SigLIP model")
     try:
         encoder = AutoModel.from_pretrained(model, dtype=getattr(torch, dtype))
         processor = AutoProcessor.from_pretrained(model)
@@ -77,15 +80,23 @@ class EmbeddingGoalReward(BaseReward):
     cosine similarity of the last frame to the goal. Reference frames and extra views are not used.
     """
 
-    class Params(pydantic.BaseModel, extra="forbid"):
+    class Params(Settings):
         name: str = "embedding_goal"
+        """The reward's name in results, logs and reports."""
         model: str = pydantic.Field(min_length=1)
+        """Hub id or folder of a CLIP or SigLIP dual encoder with its processor."""
         baseline_prompts: list[Prompt] = pydantic.Field(min_length=1)
+        """Texts of the scene without the goal achieved: the baseline b of goal-baseline regularisation."""
         goal_prompts: list[Prompt] = []
+        """Extra goal texts, averaged with the request's own text into the goal embedding g."""
         alpha: float = pydantic.Field(0.5, ge=0.0, le=1.0)
+        """Projection onto the baseline-to-goal direction: 0 is the plain cosine to g, 1 the full projection."""
         batch_size: int = pydantic.Field(32, gt=0)
+        """Frames per image-tower forward pass."""
         device: str = "cpu"
+        """auto (cuda when present, else cpu) or a torch device string."""
         dtype: DType = "float32"
+        """Weights' dtype."""
 
     def __init__(
         self,

@@ -10,13 +10,11 @@ Losses run in fp32 whatever the backbone's dtype.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-HeadKind = Literal["regression", "bins", "scalar"]
+from vlm_rewards.models.config import HeadKind
 
 
 class RewardHead(nn.Module):

@@ -31,11 +31,12 @@ import pydantic
 import torch
 from transformers import PreTrainedModel, ProcessorMixin
 
+from vlm_rewards.config import Settings
 from vlm_rewards.fingerprint import fingerprint, weights_fingerprint
 from vlm_rewards.interface import BaseReward, RewardRequest, RewardResult, RewardSpec
 from vlm_rewards.models.backbones import load_backbone
+from vlm_rewards.models.device import resolve_device, resolve_dtype
 from vlm_rewards.models.inputs import ClipBatch, ClipInputBuilder
-from vlm_rewards.models.reward_network import resolve_device, resolve_dtype
 from vlm_rewards.registry import register
 
 YES_WORDS = ("yes", "Yes", " yes", " Yes", "YES", " YES")
@@ -59,16 +60,25 @@ PARSER_VERSION = (FRAME_LABEL_PATTERN.pattern, PERCENT_PATTERN.pattern, NUMBER_P
 RUNTIME_PARAMS = {"device", "dtype", "batch_size", "name"}
 
 
-class JudgeParams(pydantic.BaseModel, extra="forbid"):
-    model: str = pydantic.Field(min_length=1)  # hub id or folder of a chat Qwen-VL checkpoint
-    question: str  # asked after the frames; `{text}` is replaced by the request's instruction
+class JudgeParams(Settings):
+    model: str = pydantic.Field(min_length=1)
+    """Hub id or folder of a chat Qwen-VL checkpoint."""
+    question: str
+    """Asked after the frames; `{text}` is replaced by the request's instruction."""
     device: str = "auto"
+    """auto (cuda when present, else cpu) or a torch device string."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Weights' dtype; auto: bfloat16 on GPUs that support it, else float32."""
     batch_size: int = pydantic.Field(4, ge=1)
-    min_pixels: int | None = pydantic.Field(None, ge=1)  # None: the processor's bounds
+    """Requests (clips) per generate call."""
+    min_pixels: int | None = pydantic.Field(None, ge=1)
+    """Fewest pixels per frame after resizing; None: the processor's bound."""
     max_pixels: int | None = pydantic.Field(None, ge=1)
+    """Most pixels per frame after resizing; None: the processor's bound."""
     max_frames: int = pydantic.Field(32, ge=1)
+    """Most frames per request; longer clips are refused (subsample them first)."""
     name: str
+    """The reward's name in results, logs and reports."""
 
     @pydantic.field_validator("question")
     @classmethod
@@ -213,8 +223,11 @@ class YesNoJudge(ChatJudge):
 
     class Params(JudgeParams):
         name: str = "vlm_judge"
+        """The reward's name in results, logs and reports."""
         question: str = DEFAULT_YES_NO_QUESTION
+        """The yes/no question asked after the frames; `{text}` is replaced by the request's instruction."""
         per_frame: bool = False
+        """Ask at every frame prefix (dense progress, one forward per prefix) instead of once after the clip."""
 
     def __init__(self, model: PreTrainedModel, processor: ProcessorMixin, params: Params):
         super().__init__(
@@ -337,9 +350,13 @@ class GVLProgressJudge(ChatJudge):
 
     class Params(JudgeParams):
         name: str = "gvl_progress"
+        """The reward's name in results, logs and reports."""
         question: str = DEFAULT_GVL_QUESTION
-        max_new_tokens: int = pydantic.Field(512, ge=1)  # about 8 tokens per "Frame k: p%" line
+        """The prompt asking for each shown frame's completion percentage; `{text}` is the instruction."""
+        max_new_tokens: int = pydantic.Field(512, ge=1)
+        """Longest answer generated; about 8 tokens per "Frame k: p%" line."""
         seed: int = 0
+        """Seed of the shuffled frame order the judge sees (GVL's protocol), mixed with the request's key."""
 
     def __init__(self, model: PreTrainedModel, processor: ProcessorMixin, params: Params):
         super().__init__(

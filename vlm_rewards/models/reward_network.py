@@ -5,19 +5,16 @@
 
 A checkpoint is one folder that is also a loadable backbone: the backbone's config, weights and
 processor, plus `reward_head.safetensors` and `reward_model.json` (task, head, input settings, version).
-`TrainedRewardModel` puts a checkpoint behind the reward interface.
+`vlm_rewards.models.trained_reward.TrainedRewardModel` puts a checkpoint behind the reward interface.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import math
 from dataclasses import replace
 from pathlib import Path
-from typing import Literal
 
-import numpy as np
 import pydantic
 import torch
 from safetensors import SafetensorError
@@ -25,34 +22,15 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from vlm_rewards.fingerprint import changed_files, fingerprint, fingerprint_files
-from vlm_rewards.interface import REFERENCE, BaseReward, RewardRequest, RewardResult, RewardSession, RewardSpec
+from vlm_rewards.interface import RewardRequest
 from vlm_rewards.io import atomic_folder, make_readable, write_json
 from vlm_rewards.models.backbones import load_backbone
-from vlm_rewards.models.heads import HeadKind, RewardHead
+from vlm_rewards.models.config import RewardNetworkConfig
+from vlm_rewards.models.heads import RewardHead
 from vlm_rewards.models.inputs import ClipBatch, ClipInputBuilder
-from vlm_rewards.registry import register
 
 HEAD_FILE = "reward_head.safetensors"
 CONFIG_FILE = "reward_model.json"
-Task = Literal["progress", "preference"]
-
-
-class RewardNetworkConfig(pydantic.BaseModel, extra="forbid"):
-    task: Task = "progress"
-    head: HeadKind = "regression"  # progress: regression | bins; preference: scalar
-    num_bins: int = pydantic.Field(32, ge=2)
-    head_mlp_size: int = pydantic.Field(256, ge=1)
-    min_pixels: int | None = pydantic.Field(None, ge=1)  # None: the processor's bounds
-    max_pixels: int | None = pydantic.Field(None, ge=1)
-    max_frames: int = pydantic.Field(32, ge=1)
-    use_reference: bool = False  # show the request's goal/reference frames to the model
-
-    @pydantic.model_validator(mode="after")
-    def _head_fits_task(self) -> RewardNetworkConfig:
-        allowed = {"progress": ("regression", "bins"), "preference": ("scalar",)}[self.task]
-        if self.head not in allowed:
-            raise ValueError(f"a {self.task} model needs a head in {allowed}, got {self.head!r}")
-        return self
 
 
 class RewardNetwork(nn.Module):
@@ -188,89 +166,3 @@ def read_export_record(path: str | Path, verify: bool = True) -> dict:
             )
     return record
 
-
-def resolve_device(device: str) -> torch.device:
-    """`auto` (cuda if there is one, else cpu) or a torch device string; a device this machine lacks
-    is a ValueError, not a failure deep inside the first forward."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        resolved = torch.device(device)
-    except (RuntimeError, TypeError) as error:
-        raise ValueError(f"device {device!r}: not a torch device ({error})") from None
-    if resolved.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device {device!r}: CUDA is not available on this machine; use device: cpu or auto")
-        if resolved.index is not None and resolved.index >= torch.cuda.device_count():
-            raise ValueError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    elif resolved.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(f"device {device!r}: MPS is not available on this machine")
-    return resolved
-
-
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
-    return getattr(torch, dtype)
-
-
-@register("trained_rm")
-class TrainedRewardModel(BaseReward):
-    """A trained progress or preference RM checkpoint behind the reward interface.
-
-    Progress RMs return per-frame progress, reward = the last frame's progress. Preference RMs return
-    the scalar of the last frame; `prefer` is σ(r_a − r_b), the Bradley–Terry probability they are
-    trained on.
-    """
-
-    class Params(pydantic.BaseModel, extra="forbid"):
-        model: str  # a reward-model folder written by `vlmr train-rm`
-        device: str = "auto"
-        dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-        batch_size: int = pydantic.Field(8, ge=1)
-        name: str | None = None
-
-    def __init__(self, model: RewardNetwork, version: str, name: str, batch_size: int = 8):
-        self.model = model.eval()
-        self.batch_size = batch_size
-        progress = model.config.task == "progress"
-        self.spec = RewardSpec(
-            name=name,
-            version=version,
-            value_range=(0.0, 1.0) if progress else (-math.inf, math.inf),
-            dense=progress,
-            causal=progress,  # one causal pass: frame t is read before any later frame is seen
-            requires=(REFERENCE,) if model.config.use_reference else (),
-            frame_size=(model.builder.vision.factor, 1 << 16),
-            max_frames=model.config.max_frames,
-            # at least one token per character, so a longer text cannot fit the model's context
-            max_text_length=model.backbone.config.get_text_config().max_position_embeddings,
-        )
-
-    @classmethod
-    def from_params(cls, params: Params) -> TrainedRewardModel:
-        device = resolve_device(params.device)
-        model = RewardNetwork.from_pretrained(params.model, dtype=resolve_dtype(params.dtype, device)).to(device)
-        # from_pretrained checked every file against reward_model.json, so its version names these weights
-        version = read_export_record(params.model, verify=False)["version"]
-        return cls(model, version, params.name or Path(params.model).name, params.batch_size)
-
-    def open_session(self, texts, references=None) -> RewardSession:
-        """Progress RMs stream with a KV cache: each append costs the new frames only."""
-        if not self.spec.causal:
-            return super().open_session(texts, references)
-        from vlm_rewards.models.streaming import KVCacheSession
-
-        return KVCacheSession(self.model, texts, references, spec=self.spec)
-
-    @torch.inference_mode()
-    def _score(self, requests: list[RewardRequest]) -> list[RewardResult]:
-        results = []
-        for start in range(0, len(requests), self.batch_size):
-            batch = self.model.encode(requests[start : start + self.batch_size])
-            values = self.model.predict(batch).float().cpu().numpy()
-            for row, mask in zip(values, batch.frame_mask.cpu().numpy()):
-                per_frame = row[mask].astype(np.float64)
-                progress = per_frame if self.spec.dense else None
-                results.append(RewardResult(reward=float(per_frame[-1]), progress=progress))
-        return results

@@ -18,14 +18,17 @@ from typing import Any, Literal
 import numpy as np
 import pydantic
 
+from vlm_rewards.config import Settings
 from vlm_rewards.fingerprint import fingerprint
 from vlm_rewards.interface import (
+    EXAMPLE_TEXTS,
     BaseReward,
     RewardModel,
     RewardRequest,
     RewardResult,
     RewardSession,
     RewardSpec,
+    example_texts_of,
     validate_clip,
 )
 from vlm_rewards.registry import build_reward, current_config_folder, register
@@ -33,11 +36,13 @@ from vlm_rewards.registry import build_reward, current_config_folder, register
 OnError = Literal["propagate", "zero"]
 
 
-class Component(pydantic.BaseModel, extra="forbid"):
-    # a shipped config name, a YAML path (relative to the YAML naming it), or an inline config
+class Component(Settings):
     reward: str | dict[str, Any]
+    """A shipped config name, a YAML path (relative to the YAML naming it), or an inline config."""
     weight: float = 1.0
+    """The component's weight in the sum."""
     name: str | None = None
+    """Its key in the results' components; None: the component reward's own name."""
 
     @pydantic.field_validator("weight")
     @classmethod
@@ -49,10 +54,13 @@ class Component(pydantic.BaseModel, extra="forbid"):
 
 @register("composite")
 class CompositeReward(BaseReward):
-    class Params(pydantic.BaseModel, extra="forbid"):
+    class Params(Settings):
         name: str = "composite"
+        """The reward's name in results, logs and reports."""
         components: list[Component] = pydantic.Field(min_length=1)
+        """The rewards summed, each with its weight."""
         on_error: OnError = "propagate"
+        """A component's error fails the request (propagate) or counts that component as 0 (zero)."""
 
     def __init__(
         self,
@@ -117,6 +125,11 @@ class CompositeReward(BaseReward):
                 session.close()
             raise
         return CompositeSession(self, sessions)
+
+    def example_texts(self) -> tuple[str, ...]:
+        """The instructions of the first part that declares its own (every part scores the same texts)."""
+        own = (texts for texts in map(example_texts_of, self.rewards) if texts != EXAMPLE_TEXTS)
+        return next(own, EXAMPLE_TEXTS)
 
     def _score(self, requests: list[RewardRequest]) -> list[RewardResult]:
         part_results = [reward.score(requests) for reward in self.rewards]

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
-import pydantic
 
+from vlm_rewards.config import Settings
 from vlm_rewards.fingerprint import fingerprint
 from vlm_rewards.interface import BaseReward, RewardRequest, RewardResult, RewardSpec
 from vlm_rewards.registry import register
@@ -27,6 +27,7 @@ REFUSED_MODULES = {
     "builtins", "os", "posix", "nt", "sys", "subprocess", "shutil", "importlib", "runpy", "pty", "socket",
     "pickle", "marshal", "ctypes", "code", "pathlib", "io", "tempfile",
 }  # fmt: skip
+MOVED_PACKAGES = {"robotics", "generation"}  # now vlm_rewards.robotics and vlm_rewards.generation
 
 
 def import_callable(target: str) -> Callable:
@@ -34,6 +35,8 @@ def import_callable(target: str) -> Callable:
     module_name, _, attribute = target.partition(":")
     if not module_name or not attribute:
         raise ValueError(f"function {target!r}: expected 'package.module:function'")
+    if module_name.split(".")[0] in MOVED_PACKAGES:
+        raise ValueError(f"function {target!r}: {module_name.split('.')[0]} moved; name it 'vlm_rewards.{target}'")
     if module_name.split(".")[0] in REFUSED_MODULES:
         raise ValueError(f"function {target!r}: functions of {module_name!r} are refused; name a reward function")
     try:
@@ -53,15 +56,23 @@ class FunctionReward(BaseReward):
     the caller or the config), since nothing can check them here but the conformance checker.
     """
 
-    class Params(pydantic.BaseModel, extra="forbid"):
+    class Params(Settings):
         function: str
+        """The function to call, as 'package.module:function' (imported, so trust the config's source)."""
         name: str | None = None
+        """The reward's name in results, logs and reports; None: the function's name."""
         value_range: tuple[float, float] = (-math.inf, math.inf)
+        """The (low, high) the function's values stay within, declared in the reward's spec."""
         dense: bool = False
+        """The function returns a RewardResult with per-frame progress."""
         causal: bool = False
+        """Frame t's value depends only on frames 0..t (streams can be scored frame by frame)."""
         batch_invariant: bool = True
+        """A request's result does not depend on the other requests of its call."""
         deterministic: bool = True
+        """The same request always gets the same result."""
         requires: tuple[str, ...] = ()
+        """Request fields the function needs besides frames and text (e.g. "reference")."""
 
     def __init__(
         self,

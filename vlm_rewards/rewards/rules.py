@@ -10,6 +10,7 @@ from typing import Any, Literal
 import numpy as np
 import pydantic
 
+from vlm_rewards.config import Settings
 from vlm_rewards.fingerprint import fingerprint
 from vlm_rewards.interface import (
     REFERENCE,
@@ -137,8 +138,9 @@ class GoalPixelProgress(DistanceProgress):
 
     distance_name = "goal_distance"
 
-    class Params(pydantic.BaseModel, extra="forbid"):
+    class Params(Settings):
         name: str = "goal_pixel_progress"
+        """The reward's name in results, logs and reports."""
 
     def __init__(self, name: str = "goal_pixel_progress"):
         self.spec = RewardSpec(
@@ -170,9 +172,11 @@ class GoalPixelProgress(DistanceProgress):
 class MotionPenalty(BaseReward):
     """−scale × mean absolute change between consecutive frames (in [0, 1] per pixel): discourages jerk."""
 
-    class Params(pydantic.BaseModel, extra="forbid"):
+    class Params(Settings):
         name: str = "motion_penalty"
+        """The reward's name in results, logs and reports."""
         scale: float = pydantic.Field(1.0, gt=0)
+        """Weight of the mean absolute frame-to-frame change (pixels in [0, 1]); rewards lie in [-scale, 0]."""
 
     def __init__(self, name: str = "motion_penalty", scale: float = 1.0):
         self.scale = scale
@@ -210,15 +214,21 @@ class MarkerProgress(DistanceProgress):
 
     distance_name = "marker_distance"
 
-    class Params(pydantic.BaseModel, extra="forbid"):
+    class Params(Settings):
         name: str = "marker_progress"
-        # colour word -> its RGB as rendered, or several (e.g. a lit block's and a flat zone's shade)
+        """The reward's name in results, logs and reports."""
         palette: dict[str, RGB | list[RGB]] = pydantic.Field(min_length=1)
-        effector: RGB  # the effector marker's RGB as rendered
-        between: tuple[Marker, Marker] = ("effector", 1)  # "effector" or k: the k-th colour the text names
-        colours_named: int = pydantic.Field(1, ge=1)  # how many palette colours every text names
-        tolerance: float = pydantic.Field(40.0, gt=0)  # RGB distance within which a pixel is a marker's
-        border: int = pydantic.Field(0, ge=0)  # pixels at each frame edge that are ignored (walls, frames)
+        """Colour word -> its RGB as rendered, or several (e.g. a lit block's and a flat zone's shade)."""
+        effector: RGB
+        """The effector marker's RGB as rendered."""
+        between: tuple[Marker, Marker] = ("effector", 1)
+        """The two markers whose distance is measured: "effector" or k, the k-th colour the text names."""
+        colours_named: int = pydantic.Field(1, ge=1)
+        """How many palette colours every text names."""
+        tolerance: float = pydantic.Field(40.0, gt=0)
+        """RGB distance within which a pixel is a marker's."""
+        border: int = pydantic.Field(0, ge=0)
+        """Pixels at each frame edge that are ignored (walls, frames)."""
 
         @pydantic.model_validator(mode="after")
         def _between_named_colours(self) -> MarkerProgress.Params:
@@ -247,6 +257,14 @@ class MarkerProgress(DistanceProgress):
     @classmethod
     def from_params(cls, params: Params) -> MarkerProgress:
         return cls(params)
+
+    def example_texts(self) -> tuple[str, ...]:
+        """Instructions naming `colours_named` different palette colours ("move the red to the blue")."""
+        count, words = self.params.colours_named, self.words
+        return tuple(
+            "move the " + " to the ".join(words[(first + k) % len(words)] for k in range(count))
+            for first in range(min(3, len(words)))
+        )
 
     def _goal(self, text: str, reference: np.ndarray | None, text_name: str, reference_name: str) -> tuple[int, int]:
         """The two markers to measure (palette indices; `self.effector` for the effector)."""

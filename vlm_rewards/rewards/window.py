@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import pydantic
 
+from vlm_rewards.config import Settings
 from vlm_rewards.fingerprint import fingerprint
 from vlm_rewards.interface import (
     BaseReward,
@@ -31,6 +32,7 @@ from vlm_rewards.interface import (
     RewardSession,
     append_views,
     check_stream_continues,
+    example_texts_of,
     stream_references,
     validate_clip,
 )
@@ -39,11 +41,15 @@ from vlm_rewards.registry import build_reward, current_config_folder, register
 
 @register("frame_window")
 class FrameWindowReward(BaseReward):
-    class Params(pydantic.BaseModel, extra="forbid"):
-        reward: str | dict[str, Any]  # a dense reward: shipped name, YAML path (relative to this YAML) or inline
-        window: int = pydantic.Field(1, ge=1, description="frames up to and including the scored one")
-        keep_first: bool = True  # put the episode's first frame before the window
+    class Params(Settings):
+        reward: str | dict[str, Any]
+        """A dense reward: shipped name, YAML path (relative to this YAML) or inline config."""
+        window: int = pydantic.Field(1, ge=1)
+        """Frames up to and including the scored one."""
+        keep_first: bool = True
+        """Put the episode's first frame before the window."""
         name: str | None = None
+        """The reward's name in results, logs and reports; None: <wrapped name>_window<N>[_first]."""
 
     def __init__(self, reward: RewardModel, window: int = 1, keep_first: bool = True, name: str | None = None):
         if not reward.spec.dense:
@@ -68,6 +74,10 @@ class FrameWindowReward(BaseReward):
     def from_params(cls, params: Params) -> FrameWindowReward:
         inner = build_reward(params.reward, relative_to=current_config_folder())
         return cls(inner, window=params.window, keep_first=params.keep_first, name=params.name)
+
+    def example_texts(self) -> tuple[str, ...]:
+        """The wrapped reward's."""
+        return example_texts_of(self.reward)
 
     def window_indices(self, t: int) -> list[int]:
         """The frames of the clip that scores frame t."""

@@ -7,9 +7,12 @@
 or from YAML (`kind: remote`, `url: ...`), so every consumer runs unchanged against a server.
 Requests are checked locally against the pinned spec before they are sent (bad input is a
 ValueError naming the field, as in-process); the server checks them again. Connection errors,
-timeouts and 5xx are retried with exponential backoff (rewards are pure functions of their requests,
-so a retry cannot change a result); 4xx never are. If the server starts serving another reward
-version, calls fail with `RewardVersionError` instead of mixing outputs of two versions.
+timeouts, 408 and 5xx are retried with exponential backoff for up to `retry_budget_s` seconds after
+a call's first failure (60 by default: long enough for Serve to restart its HTTP proxy); other 4xx
+never are. A retry resends the same body under the same request id, and rewards are pure functions
+of their requests, so a retry cannot change a result, and each request gets exactly one result. If
+the server starts serving another reward version, calls fail with `RewardVersionError` instead of
+mixing outputs of two versions.
 
 Imports only numpy, pydantic, the standard library and httpx: no torch, no ray.
 """
@@ -29,7 +32,9 @@ import httpx
 import numpy as np
 import pydantic
 
+from vlm_rewards.config import Settings
 from vlm_rewards.interface import (
+    EXAMPLE_TEXTS,
     BaseReward,
     RewardRequest,
     RewardResult,
@@ -47,7 +52,7 @@ from vlm_rewards.serving.wire import (
     encode_score,
 )
 
-RETRY_STATUSES = frozenset({500, 502, 503, 504})
+RETRY_STATUSES = frozenset({408, 500, 502, 503, 504})
 
 
 class RemoteRewardError(RuntimeError):
@@ -75,28 +80,39 @@ class ItemErrors(ValueError):
 class RemoteReward(BaseReward):
     """A reward served over HTTP by `vlmr serve`; see the module docstring."""
 
-    class Params(pydantic.BaseModel, extra="forbid"):
-        url: str  # e.g. http://127.0.0.1:8000 (plus the server's route prefix, if any)
-        token: str | None = None  # bearer token; None reads token_env
+    class Params(Settings):
+        url: str
+        """The server, e.g. http://127.0.0.1:8000 (plus its route prefix, if any)."""
+        token: str | None = None
+        """Bearer token; None reads `token_env`."""
         token_env: str = "VLMR_SERVE_TOKEN"
-        timeout: float = pydantic.Field(60.0, gt=0)  # seconds per HTTP attempt
-        retries: int = pydantic.Field(5, ge=0)  # extra attempts on connection errors, timeouts, 5xx
-        backoff: float = pydantic.Field(0.1, ge=0)  # first retry delay; doubles each retry (max 5 s)
-        version: str | None = None  # refuse to start unless the server serves this reward version
+        """Environment variable holding the bearer token when `token` is None."""
+        timeout: float = pydantic.Field(60.0, gt=0)
+        """Seconds per HTTP attempt."""
+        retry_budget_s: float = pydantic.Field(60.0, ge=0)
+        """Seconds after its first failure a call keeps retrying connection errors, timeouts, 408 and 5xx."""
+        retries: int | None = pydantic.Field(None, ge=0)
+        """Most extra attempts per call, within `retry_budget_s`; None: as many as the budget allows."""
+        backoff: float = pydantic.Field(0.1, ge=0)
+        """First retry delay in seconds; it doubles each retry, up to 5 s, with ±50% jitter."""
+        version: str | None = None
+        """Refuse to start unless the server serves this reward version."""
 
     def __init__(
         self,
         url: str,
         token: str | None = None,
         timeout: float = 60.0,
-        retries: int = 5,
+        retry_budget_s: float = 60.0,
+        retries: int | None = None,
         backoff: float = 0.1,
         max_backoff: float = 5.0,
         version: str | None = None,
     ):
         self.url = url.rstrip("/")
         self.token = token
-        self.timeout, self.retries, self.backoff, self.max_backoff = timeout, retries, backoff, max_backoff
+        self.timeout, self.retry_budget_s, self.retries = timeout, retry_budget_s, retries
+        self.backoff, self.max_backoff = backoff, max_backoff
         self._client: httpx.Client | None = None
         self._async_clients: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.attempts = 0  # HTTP attempts made (retries included), for monitoring and tests
@@ -113,7 +129,19 @@ class RemoteReward(BaseReward):
         import os
 
         token = params.token or os.environ.get(params.token_env) or None
-        return cls(params.url, token, params.timeout, params.retries, params.backoff, version=params.version)
+        return cls(
+            params.url,
+            token,
+            params.timeout,
+            params.retry_budget_s,
+            params.retries,
+            params.backoff,
+            version=params.version,
+        )
+
+    def example_texts(self) -> tuple[str, ...]:
+        """The served reward's own (the server lists them in /v1/spec)."""
+        return tuple(self.server_info.get("example_texts") or EXAMPLE_TEXTS)
 
     # ------------------------------------------------------------------ interface
 
@@ -228,42 +256,45 @@ class RemoteReward(BaseReward):
         return self._json(response, endpoint, request_id)
 
     async def _apost(self, endpoint: str, body: bytes) -> dict[str, Any]:
-        request_id = uuid.uuid4().hex
+        request_id = uuid.uuid4().hex  # the same id on every retry: one logical request
         url, client = f"{self.url}/{API_VERSION}/{endpoint}", self._async_client()
-        for attempt in range(self.retries + 1):
+        headers = self._headers(request_id)
+        retry = self._retry_budget()
+        while True:
             self.attempts += 1
             try:
-                response = await client.post(url, content=body, headers=self._headers(request_id))
+                outcome = await client.post(url, content=body, headers=headers)
             except httpx.TransportError as error:
-                if attempt == self.retries:
-                    raise self._unreachable(error) from error
-            else:
-                if response.status_code not in RETRY_STATUSES or attempt == self.retries:
-                    return self._json(response, endpoint, request_id)
-            await asyncio.sleep(self._delay(attempt))
-        raise AssertionError("unreachable")
+                outcome = error
+            delay = retry.delay(outcome)
+            if delay is None:
+                return self._json(self._response(outcome, retry), endpoint, request_id)
+            await asyncio.sleep(delay)
 
     def _retrying(self, send) -> httpx.Response:
-        for attempt in range(self.retries + 1):
+        retry = self._retry_budget()
+        while True:
             self.attempts += 1
             try:
-                response = send()
+                outcome = send()
             except httpx.TransportError as error:
-                if attempt == self.retries:
-                    raise self._unreachable(error) from error
-            else:
-                if response.status_code not in RETRY_STATUSES or attempt == self.retries:
-                    return response
-            time.sleep(self._delay(attempt))
-        raise AssertionError("unreachable")
+                outcome = error
+            delay = retry.delay(outcome)
+            if delay is None:
+                return self._response(outcome, retry)
+            time.sleep(delay)
 
-    def _delay(self, attempt: int) -> float:
-        return min(self.max_backoff, self.backoff * 2**attempt) * (0.5 + random.random())
+    def _retry_budget(self) -> RetryBudget:
+        return RetryBudget(self.retry_budget_s, self.retries, self.backoff, self.max_backoff)
 
-    def _unreachable(self, error: Exception) -> RemoteRewardError:
-        return RemoteRewardError(
-            f"{self.url}: {type(error).__name__}: {error} (after {self.retries + 1} attempts; is `vlmr serve` running?)"
-        )
+    def _response(self, outcome: httpx.Response | httpx.TransportError, retry: RetryBudget) -> httpx.Response:
+        """The final attempt's response, or RemoteRewardError if it never got one."""
+        if isinstance(outcome, httpx.Response):
+            return outcome
+        raise RemoteRewardError(
+            f"{self.url}: {type(outcome).__name__}: {outcome} (after {retry.attempts} attempts, retried for "
+            f"{retry.retried_for():.1f} s of retry_budget_s={self.retry_budget_s}; is `vlmr serve` running?)"
+        ) from outcome
 
     def _json(self, response: httpx.Response, endpoint: str, request_id: str | None = None) -> dict[str, Any]:
         try:
@@ -286,6 +317,34 @@ class RemoteReward(BaseReward):
 
     def __repr__(self) -> str:
         return f"RemoteReward({self.url!r}, {self.spec.name!r}, version={self.spec.version!r})"
+
+
+class RetryBudget:
+    """When to retry one call: after a connection error, a timeout or a retryable status, with exponential
+    backoff and jitter, for up to `budget_s` seconds after its first failure (and at most `retries` extra
+    attempts, if set). No retry starts after that deadline."""
+
+    def __init__(self, budget_s: float, retries: int | None, backoff: float, max_backoff: float):
+        self.budget_s, self.retries, self.backoff, self.max_backoff = budget_s, retries, backoff, max_backoff
+        self.attempts = 0
+        self.first_failure: float | None = None
+
+    def retried_for(self) -> float:
+        """Seconds since the call's first failure (0 before it failed)."""
+        return 0.0 if self.first_failure is None else time.monotonic() - self.first_failure
+
+    def delay(self, outcome: httpx.Response | httpx.TransportError) -> float | None:
+        """Seconds to wait before the next attempt after `outcome`, or None to stop with it."""
+        self.attempts += 1
+        if isinstance(outcome, httpx.Response) and outcome.status_code not in RETRY_STATUSES:
+            return None
+        if self.first_failure is None:
+            self.first_failure = time.monotonic()
+        left = self.budget_s - self.retried_for()
+        if left <= 0 or (self.retries is not None and self.attempts > self.retries):
+            return None
+        backoff = min(self.max_backoff, self.backoff * 2 ** (self.attempts - 1)) * (0.5 + random.random())
+        return min(backoff, left)
 
 
 def _count(items: Any) -> str:

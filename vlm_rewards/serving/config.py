@@ -7,40 +7,90 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from typing import Literal
+import re
+import socket
+from typing import Any, Literal
 
 import pydantic
 
-from vlm_rewards.config import JobConfig
+from vlm_rewards.config import JobConfig, Settings
 
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
+_HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
+HOST_EXAMPLES = "e.g. 127.0.0.1, ::1, 0.0.0.0, :: or localhost"
 
 
-class BatchingConfig(pydantic.BaseModel, extra="forbid"):
-    max_batch_size: int = pydantic.Field(32, ge=1)  # items per reward.score call (serve.batch)
-    wait_timeout_s: float = pydantic.Field(0.005, ge=0)  # how long a batch waits to fill
+class BatchingConfig(Settings):
+    max_batch_size: int = pydantic.Field(32, ge=1)
+    """Most items per `reward.score` call, gathered across concurrent requests (`serve.batch`)."""
+    wait_timeout_s: float = pydantic.Field(0.005, ge=0)
+    """Seconds a batch waits to fill before it is scored."""
 
 
-class ReplicasConfig(pydantic.BaseModel, extra="forbid"):
-    count: int | Literal["per_gpu"] = 1  # N replicas, or one per GPU of the Ray cluster
-    num_cpus: float = pydantic.Field(1.0, ge=0)  # Ray resources each replica reserves
-    num_gpus: float = pydantic.Field(0.0, ge=0)  # 1 with count=per_gpu
-    max_ongoing_requests: int = pydantic.Field(256, ge=1)  # HTTP requests in flight per replica
+class ReplicasConfig(Settings):
+    count: int | Literal["per_gpu"] = 1
+    """Replicas to run: a number, or `per_gpu` for one per GPU of the Ray cluster."""
+    num_cpus: float = pydantic.Field(1.0, ge=0)
+    """CPUs each replica reserves in Ray."""
+    num_gpus: float = pydantic.Field(0.0, ge=0)
+    """GPUs each replica reserves in Ray; `count: per_gpu` makes it 1 unless set."""
+    max_ongoing_requests: int = pydantic.Field(256, ge=1)
+    """HTTP requests in flight per replica (at least `batching.max_batch_size`); more wait in Serve's proxy."""
     health_check_period_s: float = pydantic.Field(2.0, gt=0)
+    """Seconds between Serve's health checks of each replica."""
 
 
 class ServeConfig(JobConfig):
-    reward: str = "goal_pixel_progress"  # a reward YAML path or a name in configs/rewards/
-    host: str = "127.0.0.1"  # any non-loopback host requires a bearer token
+    reward: str = "goal_pixel_progress"
+    """The reward to serve: a reward YAML path or a config name in configs/rewards/."""
+    host: str = "127.0.0.1"
+    """Address to listen on: an IP address or a host name; any non-loopback host needs a bearer token."""
     port: int = pydantic.Field(8000, ge=0, le=65535)
-    token_env: str = "VLMR_SERVE_TOKEN"  # environment variable holding the bearer token
+    """TCP port to listen on."""
+    token_env: str = "VLMR_SERVE_TOKEN"
+    """Environment variable that holds the bearer token clients must send."""
     app_name: str = "vlmr-reward"
+    """Name of the Serve application (one Ray cluster can run several)."""
     route_prefix: str = "/"
-    max_payload_bytes: int = pydantic.Field(64 << 20, ge=1024)  # larger request bodies get 413
+    """URL path the endpoints are served under, starting with '/'."""
+    max_payload_bytes: int = pydantic.Field(64 << 20, ge=1024)
+    """Largest request body in bytes; larger bodies get HTTP 413."""
+    max_pixels_per_item: int = pydantic.Field(16 << 20, ge=1)
+    """Most frame pixels (T×H×W over frames, reference and views) one item may decode to; more gets HTTP 422.
+    Counted after decoding, so items whose arrays point to the same bytes count each time."""
+    max_pixels_per_request: int = pydantic.Field(64 << 20, ge=1)
+    """Most frame pixels the items of one request may decode to together; more gets HTTP 413 (split the batch).
+    The default admits every body of `max_payload_bytes` whose arrays do not repeat bytes."""
+    body_timeout_s: float = pydantic.Field(30.0, gt=0)
+    """Seconds a request body may take to arrive in full; a slower one gets HTTP 408 and frees its slot."""
+    max_body_reads: int = pydantic.Field(64, ge=1)
+    """Request bodies a replica reads at once; more get HTTP 503 at once (clients retry), so that stalled
+    uploads cannot take every request slot of a replica (`replicas.max_ongoing_requests`) from /healthz."""
     batching: BatchingConfig = BatchingConfig()
+    """How items of concurrent requests are gathered into one reward call."""
     replicas: ReplicasConfig = ReplicasConfig()
-    ray_address: str | None = None  # an existing cluster ("auto", "ray://..."); None: RAY_ADDRESS or local
-    num_cpus: int | None = None  # CPUs of a local Ray instance (None: all)
+    """How many copies of the reward serve, and what each reserves."""
+    ray_address: str | None = None
+    """An existing Ray cluster to join ("auto", "ray://head:10001"); None: $RAY_ADDRESS, else a local instance."""
+    num_cpus: int | None = None
+    """CPUs of a local Ray instance; None: all of this machine's."""
+
+    @pydantic.field_validator("host", mode="before")
+    @classmethod
+    def _host_is_text(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            raise ValueError(
+                f"expected a host name or IP address ({HOST_EXAMPLES}), got {type(value).__name__} {value!r}; "
+                "values are read as YAML, so quote an IPv6 address such as `::` (host='\"::\"')"
+            )
+        return value
+
+    @pydantic.field_validator("host")
+    @classmethod
+    def _host(cls, value: str) -> str:
+        if not is_host(value):
+            raise ValueError(f"{value!r} is not a host name or IP address ({HOST_EXAMPLES}){_host_hint(value)}")
+        return value
 
     @pydantic.field_validator("route_prefix")
     @classmethod
@@ -48,6 +98,20 @@ class ServeConfig(JobConfig):
         if not value.startswith("/"):
             raise ValueError("must start with '/'")
         return value
+
+    @pydantic.model_validator(mode="after")
+    def _body_reads_leave_slots(self) -> ServeConfig:
+        if self.max_body_reads >= self.max_ongoing_requests():
+            raise ValueError(
+                f"max_body_reads={self.max_body_reads} must be below the {self.max_ongoing_requests()} requests a "
+                "replica takes at once (replicas.max_ongoing_requests, at least batching.max_batch_size), or "
+                "stalled uploads can take every slot from /healthz"
+            )
+        return self
+
+    def max_ongoing_requests(self) -> int:
+        """Requests in flight per replica: `replicas.max_ongoing_requests`, and never fewer than a batch."""
+        return max(self.replicas.max_ongoing_requests, self.batching.max_batch_size)
 
     def token(self) -> str | None:
         return os.environ.get(self.token_env) or None
@@ -60,6 +124,22 @@ class ServeConfig(JobConfig):
                 "(clients pass it as RemoteReward(url, token=...)), or serve on 127.0.0.1"
             )
 
+    def check_bindable(self) -> None:
+        """With a local Ray instance (no `ray_address`, no $RAY_ADDRESS), refuse a host this machine cannot
+        listen on, or a port in use, before Ray starts: Serve's proxy would retry the bind forever."""
+        if self.ray_address or os.environ.get("RAY_ADDRESS"):
+            return  # the proxy listens on the cluster's head node, not necessarily here
+        try:
+            family, kind, proto, _, address = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)[0]
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the proxy's server does
+                probe.bind(address)
+        except OSError as error:
+            raise ValueError(
+                f"cannot listen on host {self.host!r} port {self.port} on this machine ({error.strerror or error}); "
+                "pick an address of this machine (127.0.0.1, 0.0.0.0) and a free port"
+            ) from None
+
 
 def is_loopback(host: str) -> bool:
     if host in LOOPBACK_HOSTS:
@@ -68,6 +148,31 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def is_host(text: str) -> bool:
+    """An IP address (IPv4, IPv6 without brackets) or a host name of dot-separated labels (RFC 1123)."""
+    try:
+        ipaddress.ip_address(text)
+        return True
+    except ValueError:
+        pass
+    labels = text.removesuffix(".").split(".")
+    return (
+        0 < len(text) <= 253
+        and all(_HOST_LABEL.fullmatch(label) for label in labels)
+        and not labels[-1].isdigit()  # 999.1.1.1 is a bad IPv4 address, not a name
+    )
+
+
+def _host_hint(text: str) -> str:
+    if text.startswith("[") and text.endswith("]"):
+        return "; write an IPv6 address without brackets"
+    if "://" in text or "/" in text:
+        return "; give the host alone, not a URL"
+    if text.count(":") == 1:
+        return "; set the port with port=..."
+    return ""
 
 
 def serve_job_args(args: list[str] | None) -> list[str]:
@@ -83,27 +188,3 @@ def serve_job_args(args: list[str] | None) -> list[str]:
         if "kind" not in load_yaml_file(first):
             return args
     return [f"reward={first}", *args[1:]]
-
-
-def run_serve_job(config: ServeConfig) -> None:
-    """The `vlmr serve` job: ray and the server load only once the config is valid."""
-    check_reward_config(config.reward)
-    from vlm_rewards.serving.server import run_serve
-
-    run_serve(config)
-
-
-def check_reward_config(reference: str) -> None:
-    """Fail fast, before Ray starts: the reward config exists, names a known kind, and its parameters
-    validate (the replicas build the reward itself)."""
-    from vlm_rewards.config import load_yaml_file
-    from vlm_rewards.registry import format_validation_error, resolve_reward_path, reward_class
-
-    path = resolve_reward_path(reference)
-    config = load_yaml_file(path)
-    if "kind" not in config:
-        raise ValueError(f"{path}: missing `kind`; is this a reward config?")
-    try:
-        reward_class(str(config["kind"])).Params.model_validate({k: v for k, v in config.items() if k != "kind"})
-    except pydantic.ValidationError as error:
-        raise ValueError(f"{path} (kind {config['kind']!r}): {format_validation_error(error)}") from None

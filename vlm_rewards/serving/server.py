@@ -14,9 +14,13 @@ batch, so one bad item gets its own error while its batch-mates are scored. Item
 requests are gathered by `@serve.batch` into one `reward.score` call (up to `max_batch_size`, waiting
 at most `wait_timeout_s`). Status codes: 200 all items scored; 422 some item was invalid (the body
 still holds every other item's result); 400 the body cannot be decoded (or the API version in it is
-unknown); 404 unknown API version in the path; 401 missing/wrong bearer token; 409 the client pinned
-another reward version; 413 body over `max_payload_bytes`; 500 the reward failed (the item's error
-says how; clients retry). A replica keeps serving after any of these.
+unknown); 404 unknown API version in the path; 401 missing/wrong bearer token; 408 the body did not
+arrive within `body_timeout_s`; 409 the client pinned another reward version; 413 body over
+`max_payload_bytes`, or items that decode to more than `max_pixels_per_request` pixels (an item over
+`max_pixels_per_item` gets its own 422); 503 the replica is already reading `max_body_reads` bodies
+(clients retry); 500 the reward failed (the item's error says how; clients retry). A replica keeps
+serving after any of these: stalled uploads hold at most `max_body_reads` of its request slots, each
+for at most `body_timeout_s`, so /healthz keeps answering.
 """
 
 import asyncio
@@ -28,16 +32,17 @@ import os
 import signal
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import ray
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from ray import serve
 
-from vlm_rewards.interface import RewardModel, RewardRequest, validate_request
+from vlm_rewards.interface import RewardModel, RewardRequest, example_texts_of, validate_request
 from vlm_rewards.serving.config import ServeConfig
 from vlm_rewards.serving.wire import (
     API_VERSION,
@@ -49,6 +54,7 @@ from vlm_rewards.serving.wire import (
 )
 
 logger = logging.getLogger(__name__)
+LIMITS = ("max_payload_bytes", "max_pixels_per_item", "max_pixels_per_request", "body_timeout_s", "max_body_reads")
 app = FastAPI(title="vlm-rewards reward server", docs_url=None, redoc_url=None, openapi_url=None)
 
 
@@ -125,6 +131,12 @@ def _token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+def frame_pixels(request: RewardRequest) -> int:
+    """Pixels (values over the 3 RGB channels) of a request's frames, reference and views as decoded."""
+    clips = [request.frames, *request.views.values(), *([] if request.reference is None else [request.reference])]
+    return sum(clip.size for clip in clips) // 3
+
+
 @serve.deployment
 @serve.ingress(app)
 class RewardDeployment:
@@ -135,7 +147,8 @@ class RewardDeployment:
 
         self.reward: RewardModel = build_reward(reward)
         self.spec = self.reward.spec
-        self.max_payload_bytes = int(settings["max_payload_bytes"])
+        self.limits = {name: settings[name] for name in LIMITS}
+        self.body_reads = 0  # request bodies being received now
         self.token_hash: str | None = settings.get("token_sha256")
         self.batching = {"max_batch_size": settings["max_batch_size"], "wait_timeout_s": settings["wait_timeout_s"]}
         for method in (self._score_batch, self._prefer_batch):
@@ -150,10 +163,10 @@ class RewardDeployment:
         self._warm_up()
 
     def _warm_up(self) -> None:
-        from vlm_rewards.testing import random_requests
+        from vlm_rewards.testing import example_requests
 
         try:
-            self.reward.score(random_requests(self.spec, np.random.default_rng(0), count=1, max_frames=2))
+            self.reward.score(example_requests(self.reward, count=1, max_frames=2))
         except Exception as error:  # noqa: BLE001 - reported by /readyz
             self.ready_error = f"warm-up failed: {type(error).__name__}: {error}"
             logger.exception("reward warm-up failed")
@@ -189,7 +202,8 @@ class RewardDeployment:
             "version": self.spec.version,
             "replica": self.replica,
             "batching": self.batching,
-            "max_payload_bytes": self.max_payload_bytes,
+            **self.limits,
+            "example_texts": list(example_texts_of(self.reward)),
         }
 
     # ------------------------------------------------------------------ scoring
@@ -210,12 +224,12 @@ class RewardDeployment:
         for i, item in enumerate(items):
             where = f"items[{i}]"
             try:
-                decoded = body.request(item, where)
-                validate_request(decoded, self.spec, where)
+                decoded = self._item(body, item, where)
             except ValueError as error:
                 outcomes[i] = _bad(422, str(error))
                 continue
             pending[i] = decoded
+        self._check_request_pixels(pending.values())
         for i, outcome in zip(pending, await self._run_batched(self._score_batch, list(pending.values()))):
             outcomes[i] = outcome
         for outcome, item in zip(outcomes, items):
@@ -232,16 +246,36 @@ class RewardDeployment:
             try:
                 if not isinstance(pair, dict) or set(pair) != {"a", "b"}:
                     raise ValueError(f"pairs[{i}]: expected {{'a': item, 'b': item}}")
-                a, b = body.request(pair["a"], f"pairs[{i}].a"), body.request(pair["b"], f"pairs[{i}].b")
-                validate_request(a, self.spec, f"pairs[{i}].a")
-                validate_request(b, self.spec, f"pairs[{i}].b")
+                a, b = (self._item(body, pair[side], f"pairs[{i}].{side}") for side in "ab")
             except ValueError as error:
                 outcomes[i] = _bad(422, str(error))
                 continue
             pending[i] = (a, b)
+        self._check_request_pixels([request for pair in pending.values() for request in pair])
         for i, outcome in zip(pending, await self._run_batched(self._prefer_batch, list(pending.values()))):
             outcomes[i] = outcome
         return self._respond(outcomes)
+
+    def _item(self, body: DecodedBody, item: Any, where: str) -> RewardRequest:
+        """One item decoded and checked: its pixels (before any per-pixel work), then the served spec."""
+        request = body.request(item, where)
+        pixels, limit = frame_pixels(request), self.limits["max_pixels_per_item"]
+        if pixels > limit:
+            raise ValueError(
+                f"{where}: frames, reference and views decode to {pixels} pixels; this server takes at most "
+                f"{limit} per item (max_pixels_per_item)"
+            )
+        validate_request(request, self.spec, where)
+        return request
+
+    def _check_request_pixels(self, requests: Iterable[RewardRequest]) -> None:
+        pixels, limit = sum(map(frame_pixels, requests)), self.limits["max_pixels_per_request"]
+        if pixels > limit:
+            raise HTTPError(
+                413,
+                f"the items decode to {pixels} pixels; this server takes at most {limit} per request "
+                "(max_pixels_per_request); split the batch",
+            )
 
     async def _run_batched(self, method: Callable, items: list) -> list[dict[str, Any]]:
         """Submit each item on its own to the batched method, so items of all requests batch together."""
@@ -333,19 +367,40 @@ class RewardDeployment:
         expected = request.headers.get(VERSION_HEADER)
         if expected is not None and expected != self.spec.version:
             raise HTTPError(409, f"client pinned reward version {expected!r}; this server serves {self.spec.version!r}")
+        limit = self.limits["max_payload_bytes"]
         declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_payload_bytes:
-            raise HTTPError(413, f"payload of {declared} bytes; this server takes at most {self.max_payload_bytes}")
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > self.max_payload_bytes:
-                raise HTTPError(413, f"payload over {self.max_payload_bytes} bytes; split the batch")
-            chunks.append(chunk)
-        body = decode_body(b"".join(chunks))
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise HTTPError(413, f"payload of {declared} bytes; this server takes at most {limit}")
+        body = decode_body(await self._read_body(request))
         if body.api != API_VERSION:
             raise WireError(f"header.api {body.api!r}: unknown API version; this server speaks {API_VERSION}")
         return body
+
+    async def _read_body(self, request: Request) -> bytes:
+        """The body, received within `body_timeout_s`, with at most `max_body_reads` bodies received at once:
+        a stalled upload holds a request slot of this replica only so long, and only so many of them. (Serve's
+        proxy forwards a request before its body arrives; its `request_timeout_s` bounds the whole request,
+        scoring included, and a client may lift it per request with a header, so the bound is here.)"""
+        if self.body_reads >= self.limits["max_body_reads"]:
+            raise HTTPError(503, f"already receiving {self.body_reads} request bodies (max_body_reads); retry")
+        self.body_reads += 1
+        try:
+            return await asyncio.wait_for(self._receive(request), self.limits["body_timeout_s"])
+        except TimeoutError:
+            timeout = self.limits["body_timeout_s"]
+            raise HTTPError(408, f"the request body did not arrive within {timeout} s (body_timeout_s)") from None
+        finally:
+            self.body_reads -= 1
+
+    async def _receive(self, request: Request) -> bytes:
+        limit = self.limits["max_payload_bytes"]
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise HTTPError(413, f"payload over {limit} bytes; split the batch")
+            chunks.append(chunk)
+        return b"".join(chunks)
 
 
 # ---------------------------------------------------------------------- deploying
@@ -360,8 +415,6 @@ def reward_reference(reference: str) -> str:
 
 def build_app(config: ServeConfig):
     """The Serve application for `config` (replicas, resources, batching, limits, token hash)."""
-    import ray
-
     count = config.replicas.count
     num_gpus = config.replicas.num_gpus
     if count == "per_gpu":
@@ -371,7 +424,7 @@ def build_app(config: ServeConfig):
         count, num_gpus = gpus, num_gpus or 1.0
     token = config.token()
     settings = {
-        "max_payload_bytes": config.max_payload_bytes,
+        **{name: getattr(config, name) for name in LIMITS},
         "max_batch_size": config.batching.max_batch_size,
         "wait_timeout_s": config.batching.wait_timeout_s,
         "token_sha256": None if token is None else _token_hash(token),  # replicas never see the token itself
@@ -379,7 +432,7 @@ def build_app(config: ServeConfig):
     deployment = RewardDeployment.options(
         num_replicas=count,
         ray_actor_options={"num_cpus": config.replicas.num_cpus, "num_gpus": num_gpus},
-        max_ongoing_requests=max(config.replicas.max_ongoing_requests, config.batching.max_batch_size),
+        max_ongoing_requests=config.max_ongoing_requests(),
         health_check_period_s=config.replicas.health_check_period_s,
     )
     return deployment.bind(reward_reference(config.reward), settings)
@@ -391,10 +444,9 @@ def start_server(config: ServeConfig) -> str:
     With `ray_address` (or $RAY_ADDRESS) set this joins that cluster; otherwise it starts a local Ray
     instance. On a cluster where Serve already runs, its existing HTTP options are kept.
     """
-    import ray
-
     config.check_exposure()
     if not ray.is_initialized():
+        config.check_bindable()
         if config.ray_address or os.environ.get("RAY_ADDRESS"):
             ray.init(address=config.ray_address, include_dashboard=False)
         else:
@@ -421,8 +473,9 @@ def run_serve(config: ServeConfig) -> None:
     except KeyboardInterrupt:
         pass
     finally:
-        with contextlib.suppress(Exception):  # Serve never started, or is already gone
-            serve.delete(config.app_name)
+        if ray.is_initialized():  # else nothing started: deleting would start Ray just to find nothing
+            with contextlib.suppress(Exception):  # Serve never started, or is already gone
+                serve.delete(config.app_name)
 
 
 def _interrupt(signum, frame) -> None:

@@ -118,9 +118,12 @@ class DecodedBody:
             raise ItemError(f"{where}.text: missing; expected the instruction or prompt")
         if not isinstance(item["text"], str):
             raise ItemError(f"{where}.text: expected a string, got {type(item['text']).__name__}")
+        check_unicode(item["text"], f"{where}.text")
         views = item.get("views") or {}
         if not isinstance(views, Mapping):
             raise ItemError(f"{where}.views: expected a mapping of view name -> array reference")
+        for name in views:
+            check_unicode(name, f"{where}.views name")
         return RewardRequest(
             frames=self.array(item["frames"], f"{where}.frames"),
             text=item["text"],
@@ -215,7 +218,22 @@ def decode_key(data: Any, where: str = "key") -> SampleKey | None:
         or type(data[2]) is not int
     ):
         raise ItemError(f"{where}: expected [source: str, episode: int | str, frame: int], got {_short(data)}")
+    for index, part in enumerate(data[:2]):
+        if isinstance(part, str):
+            check_unicode(part, f"{where}[{index}]")
     return SampleKey(data[0], data[1], data[2])
+
+
+def check_unicode(text: str, where: str) -> None:
+    """ItemError naming `where` for text UTF-8 cannot encode: a lone surrogate such as "\\ud800", which a
+    JSON escape can spell but no response can carry back."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ItemError(
+            f"{where}: not valid Unicode (lone surrogate {text[error.start]!r} at character {error.start}); "
+            "expected UTF-8 text"
+        ) from None
 
 
 def _refuse_constant(name: str) -> Any:

@@ -29,14 +29,17 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 
-from vlm_rewards.data.build import SyntheticData, Track, open_episodes, open_pairs, untracked
+from vlm_rewards.config import changed_settings
+from vlm_rewards.data.build import SyntheticData, open_episodes, open_pairs
 from vlm_rewards.evaluation.evaluate import evaluate_pair_dataset, evaluate_progress
 from vlm_rewards.evaluation.plots import plot_progress_curves, plot_training_curves
 from vlm_rewards.fingerprint import fingerprint
 from vlm_rewards.io import write_json
 from vlm_rewards.models.backbones import build_tiny_backbone
 from vlm_rewards.models.heads import bradley_terry_loss, step_correlation_loss
-from vlm_rewards.models.reward_network import RewardNetwork, TrainedRewardModel
+from vlm_rewards.models.reward_network import RewardNetwork
+from vlm_rewards.models.trained_reward import TrainedRewardModel
+from vlm_rewards.tracking import Track, untracked
 from vlm_rewards.training.batches import PreferenceBatches, ProgressBatch, ProgressBatches
 from vlm_rewards.training.config import TrainRMConfig
 
@@ -343,32 +346,14 @@ def _resumable_checkpoint(config: TrainRMConfig) -> tuple[int, Path] | None:
             f"{saved_path}: cannot read the checkpoint's settings ({error}); set resume=false to start over "
             "or use another output_dir"
         ) from None
-    current = config.model_dump(mode="json")
-    differing = [key for key in _differing_keys(saved, current) if not _may_change(key)]
+    differing = changed_settings(saved, config.model_dump(mode="json"), RESUME_MAY_CHANGE)
     if differing:
-        details = "; ".join(f"{key}: {_lookup(saved, key)!r} -> {_lookup(current, key)!r}" for key in differing)
         raise ValueError(
-            f"cannot resume from {path}: these settings differ from the checkpoint's: {details}. Restore them, "
+            f"cannot resume from {path}: these settings differ from the checkpoint's: {'; '.join(differing)}. "
+            "Restore them, "
             "set resume=false to start over, or use another output_dir"
         )
     return step, path
-
-
-def _differing_keys(saved: Any, current: Any, prefix: str = "") -> list[str]:
-    if isinstance(saved, dict) and isinstance(current, dict):
-        keys = sorted(saved.keys() | current.keys())
-        return [d for key in keys for d in _differing_keys(saved.get(key), current.get(key), f"{prefix}{key}.")]
-    return [] if saved == current else [prefix.rstrip(".")]
-
-
-def _may_change(key: str) -> bool:
-    return any(key == allowed or key.startswith(allowed + ".") for allowed in RESUME_MAY_CHANGE)
-
-
-def _lookup(data: Any, dotted: str) -> Any:
-    for part in dotted.split("."):
-        data = data.get(part) if isinstance(data, dict) else None
-    return data
 
 
 def _clear_checkpoints(accelerator: Accelerator, output_dir: Path) -> None:

@@ -1,0 +1,122 @@
+"""`vlmr pretrain-backbone`: the pretrained backbone of the simulated world, this world's stand-in for Qwen-VL.
+
+Renders the Reach pools (once; cached in the run folder), mixes ShapesWorld and Reach questions, pretrains
+with `vlm_rewards.training.pretrain`, and writes beside the exported `model/` its curves (curves.png) and
+a model card (README.md: sha256, command, seeds, wall time, parameters, held-out accuracy).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from vlm_rewards.config import dump_config
+from vlm_rewards.data.questions import Question, QuestionSource, ShapesQuestions, mixture
+from vlm_rewards.fingerprint import sha256_file
+from vlm_rewards.io import atomic_path
+from vlm_rewards.robotics.config import BackboneConfig, ReachSource
+from vlm_rewards.robotics.questions import ReachPool, ReachQuestions, build_reach_pool
+from vlm_rewards.tracking import Track
+
+logger = logging.getLogger(__name__)
+EVAL_SEED_OFFSET = 1_000_000  # evaluation questions and the evaluation pool use seeds no training draw uses
+TOKENIZER_QUESTIONS = 4000  # questions whose texts join the tokenizer's corpus
+
+
+def run_pretrain_backbone(config: BackboneConfig, track: Track | None = None) -> Path:
+    from vlm_rewards.training.pretrain import pretrain_backbone
+
+    config.output_dir.mkdir(parents=True, exist_ok=True)
+    (config.output_dir / "config.yaml").write_text(dump_config(config))
+    shapes = ShapesQuestions(config.shapes.frame_size, config.shapes.num_frames, config.shapes.held_out)
+    reach_train = ReachQuestions(reach_pool(config.reach, config.output_dir / "reach_pool.npz", config.seed, track))
+    eval_seed = config.seed + EVAL_SEED_OFFSET
+    reach_eval = ReachQuestions(reach_pool(config.reach, config.output_dir / "reach_eval_pool.npz", eval_seed, track))
+    source = mixture([(shapes, config.shapes.weight), (reach_train, config.reach.weight)])
+    eval_questions = evaluation_questions(config, shapes, reach_eval)
+    model = pretrain_backbone(
+        config.training, config.output_dir, source, eval_questions, tokenizer_texts(source, config.seed), track
+    )
+    write_model_card(config, model)
+    return model
+
+
+def reach_pool(settings: ReachSource, path: Path, seed: int, track: Track | None) -> ReachPool:
+    if not path.is_file():
+        num_episodes = settings.eval_episodes if seed >= EVAL_SEED_OFFSET else settings.num_episodes
+        logger.info("rendering %d Reach episodes into %s", num_episodes, path)
+        pool = build_reach_pool(settings.env, num_episodes, settings.num_frames, settings.steps_per_frame, seed, track)
+        pool.save(path)
+    return ReachPool.load(path)
+
+
+def evaluation_questions(config: BackboneConfig, shapes: ShapesQuestions, reach: ReachQuestions) -> list[Question]:
+    """Fixed questions per source from held-out seeds, and questions about the held-out colour-shape pairs."""
+    rng = np.random.default_rng(config.seed + EVAL_SEED_OFFSET)
+    questions = [tagged(shapes(rng), "shapes") for _ in range(config.eval_questions)]
+    questions += [tagged(reach(rng), "reach") for _ in range(config.eval_questions)]
+    if config.shapes.held_out:
+        unseen = ShapesQuestions(config.shapes.frame_size, config.shapes.num_frames)
+        questions += [tagged(q, "held_out_pair") for q in held_out_pair_questions(unseen, config, rng)]
+    return questions
+
+
+def held_out_pair_questions(world: ShapesQuestions, config: BackboneConfig, rng: np.random.Generator) -> list[Question]:
+    """Presence and location questions that name a held-out pair, in scenes that show it (half of presence: not)."""
+    held_out = {tuple(pair) for pair in config.shapes.held_out}
+    questions: list[Question] = []
+    while len(questions) < config.eval_questions:
+        question = world.presence(rng) if rng.random() < 0.5 else world.location(rng)
+        if any(f"{colour} {shape}" in question.question for colour, shape in held_out):
+            questions.append(question)
+    return questions
+
+
+def tagged(question: Question, source: str) -> Question:
+    return dataclasses.replace(question, skill=f"{source}/{question.skill}")
+
+
+def tokenizer_texts(source: QuestionSource, seed: int) -> list[str]:
+    """Question and answer texts of the stream, for the tokenizer's merges (drawn from their own seed)."""
+    rng = np.random.default_rng([seed, EVAL_SEED_OFFSET, 1])
+    return [text for q in (source(rng) for _ in range(TOKENIZER_QUESTIONS)) for text in (q.question, q.answer)]
+
+
+def write_model_card(config: BackboneConfig, model: Path) -> None:
+    from vlm_rewards.evaluation.plots import plot_training_curves
+
+    weights = sorted(model.glob("*.safetensors"))
+    evaluations = [json.loads(line) for line in (config.output_dir / "eval.jsonl").read_text().splitlines()]
+    logs = [json.loads(line) for line in (config.output_dir / "train_log.jsonl").read_text().splitlines()]
+    hours = sum(record["seconds"] for record in logs) * config.training.log_every / 3600
+    final = evaluations[-1]
+    accuracies = {key.removeprefix("accuracy_"): value for key, value in final.items() if key != "step"}
+    rows = "\n".join(f"| {skill} | {value:.3f} |" for skill, value in accuracies.items())
+    optim = config.training.optim
+    card = f"""# vlm-rewards simulated-world backbone
+
+A {config.training.model.family} model (random weights of this shape, then pretrained here on CPU): the
+stand-in for a pretrained Qwen-VL in the simulated world. Load it like a hub checkpoint:
+`load_backbone("{model}")`, or name the folder as `model.backbone` of `vlmr train-rm`.
+
+- Built by: `vlmr pretrain-backbone {config.output_dir / "config.yaml"}` ({optim.steps} steps of
+  {optim.batch_size} questions; training seed {config.training.seed}, pool and evaluation seed {config.seed})
+- Corpus: ShapesWorld questions without the pairs {config.shapes.held_out}, and {config.reach.num_episodes}
+  rendered Reach episodes. Push and Carry (a block into a zone) are never shown.
+- Wall time of the training steps: {hours:.2f} h on the machine of the run (logged in train_log.jsonl)
+- Weights: {", ".join(f"{path.name} sha256 {sha256_file(path)}" for path in weights)}
+
+Whole-answer accuracy on held-out questions at step {final["step"]} (greedy answers; eval.jsonl):
+
+| skill | accuracy |
+| --- | --- |
+{rows}
+"""
+    with atomic_path(model / "README.md") as temporary:
+        temporary.write_text(card)
+    curves = {key: [(e["step"], e[key]) for e in evaluations] for key in final if key != "step"}
+    plot_training_curves(config.output_dir / "curves.png", curves)

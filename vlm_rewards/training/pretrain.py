@@ -1,0 +1,215 @@
+"""Pretraining a small Qwen-VL backbone on questions about frames: the next-token loss on the answers.
+
+The stand-in for a pretrained Qwen-VL in a simulated world. `pretrain_backbone` builds a random backbone
+of the configured shape, with a tokenizer trained on the shipped corpus plus the question texts, and
+trains every weight on a stream of `Question`s: the question, then the frames, is the user turn, and the
+loss is the language model's cross-entropy on the answer and its `<|im_end|>` (the layout reward models
+use too: text before frames). Batches are drawn from an RNG seeded by (seed, step), so a resumed run
+sees the batches an uninterrupted one would. The result is a checkpoint folder that loads like a hub
+model: `load_backbone(folder)`, `from_pretrained(folder)`, or `model.backbone` of `vlmr train-rm`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers import get_cosine_schedule_with_warmup
+
+from vlm_rewards.config import changed_settings
+from vlm_rewards.data.questions import Question, QuestionSource
+from vlm_rewards.io import atomic_folder, atomic_path, make_readable, write_json
+from vlm_rewards.models.backbones import build_tiny_backbone, load_backbone
+from vlm_rewards.models.inputs import ClipInputBuilder
+from vlm_rewards.models.tokenizer import IM_END, default_corpus, train_tokenizer
+from vlm_rewards.tracking import Track, untracked
+from vlm_rewards.training.config import BackboneTraining
+
+logger = logging.getLogger(__name__)
+CHECKPOINT_PATTERN = re.compile(r"^step_(\d+)\.pt$")
+IGNORE = -100
+SETTINGS_FILE = "pretrain_settings.json"
+RESUME_MAY_CHANGE = ("eval_every", "save_every", "log_every", "keep_checkpoints")  # they change no weight
+
+
+class QuestionBatches:
+    """Questions -> model inputs with answer labels: prompts left-padded to end together, answers after."""
+
+    def __init__(self, processor, max_frames: int = 2):
+        self.builder = ClipInputBuilder(processor, max_frames=max_frames, padding_side="left")
+        self.tokenizer = processor.tokenizer
+
+    def __call__(self, questions: Sequence[Question]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        prompts = self.builder.build([(q.question, q.frames) for q in questions], add_generation_prompt=True)
+        inputs = dict(prompts.model_inputs)
+        answers = [self.tokenizer(q.answer + IM_END, add_special_tokens=False).input_ids for q in questions]
+        width = max(map(len, answers))
+        answer_ids = torch.full((len(answers), width), self.tokenizer.pad_token_id, dtype=torch.long)
+        answer_mask = torch.zeros_like(answer_ids)
+        for row, ids in enumerate(answers):
+            answer_ids[row, : len(ids)] = torch.tensor(ids)
+            answer_mask[row, : len(ids)] = 1
+        prompt_labels = torch.full_like(inputs["input_ids"], IGNORE)
+        labels = torch.cat([prompt_labels, answer_ids.masked_fill(answer_mask == 0, IGNORE)], 1)
+        inputs["input_ids"] = torch.cat([inputs["input_ids"], answer_ids], 1)
+        inputs["attention_mask"] = torch.cat([inputs["attention_mask"], answer_mask], 1)
+        inputs["mm_token_type_ids"] = torch.cat([inputs["mm_token_type_ids"], torch.zeros_like(answer_ids)], 1)
+        return inputs, labels
+
+
+def answer_accuracy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """(B,) whether greedy decoding gives each whole answer: every answer token is the argmax after
+    the tokens before it (teacher forcing equals greedy decoding while every earlier token is right)."""
+    predicted = logits[:, :-1].argmax(-1)
+    targets = labels[:, 1:]
+    answered = targets != IGNORE
+    return ((predicted == targets) | ~answered).all(-1)
+
+
+def pretrain_backbone(
+    config: BackboneTraining,
+    output_dir: Path,
+    source: QuestionSource,
+    eval_questions: Sequence[Question],
+    tokenizer_texts: Sequence[str],
+    track: Track | None = None,
+) -> Path:
+    """Train (or resume) the backbone in `output_dir`; returns the exported model folder `output_dir/model`."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    _check_settings(output_dir, config)
+    start = _initial_backbone(config, output_dir, tokenizer_texts)
+    model, processor = load_backbone(start, with_lm_head=True, dtype=torch.float32)
+    batches = QuestionBatches(processor)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.optim.lr, weight_decay=config.optim.weight_decay)
+    scheduler = get_cosine_schedule_with_warmup(optimizer, config.optim.warmup_steps, config.optim.steps)
+    done = _resume(output_dir, model, optimizer, scheduler)
+    log_path, eval_path = output_dir / "train_log.jsonl", output_dir / "eval.jsonl"
+    for path in (log_path, eval_path):
+        _truncate_log(path, done)
+    model.train()
+    started = time.perf_counter()
+    remaining = range(done + 1, config.optim.steps + 1)
+    for step in (track or untracked)(remaining, "pretrain backbone", total=len(remaining)):
+        rng = np.random.default_rng([config.seed, step])
+        inputs, labels = batches([source(rng) for _ in range(config.optim.batch_size)])
+        loss = model(**inputs, labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.optim.grad_clip)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        if step % config.log_every == 0:
+            seconds = (time.perf_counter() - started) / config.log_every
+            started = time.perf_counter()
+            _append(log_path, {"step": step, "loss": loss.item(), "lr": scheduler.get_last_lr()[0], "seconds": seconds})
+        if step % config.eval_every == 0 or step == config.optim.steps:
+            metrics = evaluate(model, batches, eval_questions, config.optim.batch_size)
+            _append(eval_path, {"step": step, **metrics})
+            logger.info("step %d: %s", step, ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
+            model.train()
+        if step % config.save_every == 0 or step == config.optim.steps:
+            _save_checkpoint(output_dir, step, model, optimizer, scheduler, config.keep_checkpoints)
+    return export(model, start, output_dir / "model")
+
+
+@torch.no_grad()
+def evaluate(model, batches: QuestionBatches, questions: Sequence[Question], batch_size: int) -> dict[str, float]:
+    """Greedy whole-answer accuracy per skill (and overall) on fixed questions."""
+    model.eval()
+    correct: dict[str, list[bool]] = defaultdict(list)
+    for begin in range(0, len(questions), batch_size):
+        chunk = questions[begin : begin + batch_size]
+        inputs, labels = batches(chunk)
+        hits = answer_accuracy(model(**inputs).logits, labels).tolist()
+        for question, hit in zip(chunk, hits):
+            correct[question.skill].append(hit)
+    metrics = {f"accuracy_{skill}": float(np.mean(hits)) for skill, hits in sorted(correct.items())}
+    metrics["accuracy"] = float(np.mean([hit for hits in correct.values() for hit in hits]))
+    return metrics
+
+
+def export(model, initial_folder: Path, folder: Path) -> Path:
+    """The trained weights in bfloat16 beside the initial folder's processor and tokenizer files."""
+    weights = {name: tensor.to(torch.bfloat16) for name, tensor in model.state_dict().items()}
+    with atomic_folder(folder, replace=True) as temporary:
+        for path in initial_folder.iterdir():
+            if path.is_file() and not path.name.endswith(".safetensors") and path.name != "config.json":
+                shutil.copy2(path, temporary / path.name)
+        model.save_pretrained(temporary, state_dict=weights)
+        make_readable(temporary)  # safetensors writes weights with mode 0600
+    return folder
+
+
+def _initial_backbone(config: BackboneTraining, output_dir: Path, tokenizer_texts: Sequence[str]) -> Path:
+    """The random starting backbone (built once per run folder, so a resumed run has the same tokenizer)."""
+    folder = output_dir / "initial"
+    if not (folder / "config.json").is_file():
+        tokenizer = train_tokenizer([*default_corpus(), *tokenizer_texts], vocab_size=config.vocab_size)
+        with atomic_folder(folder) as temporary:
+            build_tiny_backbone(out_dir=temporary, tokenizer=tokenizer, **config.model.model_dump())
+    return folder
+
+
+def _check_settings(output_dir: Path, config: BackboneTraining) -> None:
+    """A run folder trains one configuration: resuming it with settings that change training is refused."""
+    path = output_dir / SETTINGS_FILE
+    settings = config.model_dump(mode="json")
+    if not path.is_file():
+        write_json(path, settings)
+        return
+    changed = changed_settings(json.loads(path.read_text()), settings, RESUME_MAY_CHANGE)
+    if changed:
+        raise ValueError(
+            f"{output_dir} holds a run with other settings ({'; '.join(changed)}); restore them to resume it, "
+            "or choose another output_dir"
+        )
+
+
+def _checkpoints(output_dir: Path) -> list[tuple[int, Path]]:
+    folder = output_dir / "checkpoints"
+    found = [(int(m.group(1)), p) for p in folder.glob("step_*.pt") if (m := CHECKPOINT_PATTERN.match(p.name))]
+    return sorted(found)
+
+
+def _resume(output_dir: Path, model, optimizer, scheduler) -> int:
+    checkpoints = _checkpoints(output_dir)
+    if not checkpoints:
+        return 0
+    step, path = checkpoints[-1]
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    logger.info("resuming from %s", path)
+    return step
+
+
+def _save_checkpoint(output_dir: Path, step: int, model, optimizer, scheduler, keep: int) -> None:
+    folder = output_dir / "checkpoints"
+    folder.mkdir(exist_ok=True)
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
+    with atomic_path(folder / f"step_{step:07d}.pt") as temporary:
+        torch.save(state, temporary)
+    for _, old in _checkpoints(output_dir)[:-keep]:
+        old.unlink()
+
+
+def _append(path: Path, record: dict) -> None:
+    with path.open("a") as file:
+        file.write(json.dumps(record) + "\n")
+
+
+def _truncate_log(path: Path, step: int) -> None:
+    """Keep a log's records up to the resumed step: later ones came from a run that was discarded."""
+    if path.is_file():
+        kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+        with atomic_path(path) as temporary:
+            temporary.write_text("".join(line + "\n" for line in kept))

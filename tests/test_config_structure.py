@@ -6,12 +6,13 @@ import subprocess
 import sys
 import types
 import typing
+from pathlib import Path
 
 import pydantic
 import pytest
 
 from vlm_rewards.config import JobConfig, Settings
-from vlm_rewards.registry import _BUILTIN_KINDS, reward_class
+from vlm_rewards.registry import _BUILTIN_KINDS, build_reward, reward_class
 
 # every job's settings, by the module that declares them (these modules must import no heavy stack)
 JOB_CONFIGS = {
@@ -99,3 +100,17 @@ def test_an_undocumented_nested_field_is_found():
         """Sections."""
 
     assert undocumented_fields(Job) == ["Section.bare"]
+
+
+def test_configs_naming_the_old_top_level_packages_are_refused_with_the_new_path():
+    with pytest.raises(ValueError, match=r"name it 'vlm_rewards\.generation\.rule_rewards:redness'"):
+        build_reward({"kind": "function", "function": "generation.rule_rewards:redness"})
+
+
+@pytest.mark.parametrize("package", ["robotics", "generation"])
+def test_the_checkout_folders_import_only_under_the_project_namespace(package):
+    repo = Path(__file__).parents[1]
+    code = f"import {package}"
+    result = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True)
+    assert result.returncode != 0 and f"import vlm_rewards.{package}" in result.stderr
+    assert importlib.import_module(f"vlm_rewards.{package}").__name__ == f"vlm_rewards.{package}"

@@ -100,8 +100,9 @@ def write_model_card(config: BackboneConfig, model: Path) -> None:
     card = f"""# vlm-rewards simulated-world backbone
 
 A {config.training.model.family} model (random weights of this shape, then pretrained here on CPU): the
-stand-in for a pretrained Qwen-VL in the simulated world. Load it like a hub checkpoint:
-`load_backbone("{model}")`, or name the folder as `model.backbone` of `vlmr train-rm`.
+stand-in for a pretrained Qwen-VL in the simulated world. Load this folder like a hub checkpoint
+(`vlm_rewards.models.backbones.load_backbone(folder)`, or `from_pretrained`), or name it as `model.backbone`
+of `vlmr train-rm`.
 
 - Built by: `vlmr pretrain-backbone {config.output_dir / "config.yaml"}` ({optim.steps} steps of
   {optim.batch_size} questions; training seed {config.training.seed}, pool and evaluation seed {config.seed})

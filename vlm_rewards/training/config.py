@@ -225,7 +225,7 @@ class BackboneTraining(Settings):
     """The backbone's shape (its weights start random)."""
     vocab_size: int = pydantic.Field(2048, ge=300)
     """Largest vocabulary of the byte-level BPE tokenizer trained on the corpus and the question texts."""
-    optim: OptimizerSettings = OptimizerSettings(steps=8000, batch_size=16, lr=6e-4, warmup_steps=300)
+    optim: OptimizerSettings = OptimizerSettings(steps=4000, batch_size=16, lr=2e-4, warmup_steps=300)
     """Steps (each draws `batch_size` fresh questions) and the optimizer."""
     log_every: int = pydantic.Field(50, ge=1)
     """Steps between records of train_log.jsonl (loss, learning rate, seconds per step)."""

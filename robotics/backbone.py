@@ -33,9 +33,11 @@ def run_pretrain_backbone(config: BackboneConfig, track: Track | None = None) ->
     config.output_dir.mkdir(parents=True, exist_ok=True)
     (config.output_dir / "config.yaml").write_text(dump_config(config))
     shapes = ShapesQuestions(config.shapes.frame_size, config.shapes.num_frames, config.shapes.held_out)
-    reach_train = ReachQuestions(reach_pool(config.reach, config.output_dir / "reach_pool.npz", config.seed, track))
+    reach, folder = config.reach, config.output_dir
+    train_pool = reach_pool(reach, folder / "reach_pool.npz", reach.num_episodes, config.seed, track)
     eval_seed = config.seed + EVAL_SEED_OFFSET
-    reach_eval = ReachQuestions(reach_pool(config.reach, config.output_dir / "reach_eval_pool.npz", eval_seed, track))
+    eval_pool = reach_pool(reach, folder / "reach_eval_pool.npz", reach.eval_episodes, eval_seed, track)
+    reach_train, reach_eval = ReachQuestions(train_pool), ReachQuestions(eval_pool)
     source = mixture([(shapes, config.shapes.weight), (reach_train, config.reach.weight)])
     eval_questions = evaluation_questions(config, shapes, reach_eval)
     model = pretrain_backbone(
@@ -45,9 +47,8 @@ def run_pretrain_backbone(config: BackboneConfig, track: Track | None = None) ->
     return model
 
 
-def reach_pool(settings: ReachSource, path: Path, seed: int, track: Track | None) -> ReachPool:
+def reach_pool(settings: ReachSource, path: Path, num_episodes: int, seed: int, track: Track | None) -> ReachPool:
     if not path.is_file():
-        num_episodes = settings.eval_episodes if seed >= EVAL_SEED_OFFSET else settings.num_episodes
         logger.info("rendering %d Reach episodes into %s", num_episodes, path)
         pool = build_reach_pool(settings.env, num_episodes, settings.num_frames, settings.steps_per_frame, seed, track)
         pool.save(path)

@@ -12,7 +12,7 @@ nor diffusers.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import pydantic
@@ -93,10 +93,12 @@ class SamplerSettings(Settings):
     method: Literal["sde", "cps"] = "sde"
     """Flow models' stochastic step: Flow-GRPO's SDE, or coefficient-preserving sampling (see `sde`)."""
     window_size: int | None = None
-    """Stochastic (recorded, trained) steps per trajectory, the others being ODE/DDIM steps; None: every step
-    that can be (all but CPS's last)."""
+    """Stochastic (recorded, trained) steps per trajectory, the others being ODE/DDIM steps. None: every step but
+    the last, as Flow-GRPO trains (its `timestep_fraction` 0.99): the last step's noise is nearly 0 (std 7e-4 for
+    the tiny flow model at 10 steps and a = 0.7), so it explores nothing and its log-probs are ill-conditioned."""
     window_starts: tuple[int, int] | None = None
-    """The window's first step is drawn from [low, high) per batch; None: anywhere the window fits."""
+    """The window's first step is drawn from [low, high) per batch; None: anywhere the window fits. Needs a
+    window_size (the default window starts at step 0)."""
     guidance_scale: float = 1.0
     """Classifier-free guidance scale, in sampling and training alike; applied when > 1."""
     same_noise_in_group: bool = False
@@ -110,12 +112,18 @@ class SamplerSettings(Settings):
     @property
     def steps_per_trajectory(self) -> int:
         """Recorded (trained) steps per trajectory."""
-        return self.window_size or self.usable_steps
+        return self.num_steps - 1 if self.window_size is None else self.window_size
 
     def stochastic_steps(self, rng: np.random.Generator | None = None) -> range:
         """The window of SDE steps for one rollout batch; its start drawn with `rng` (None: the lowest start)."""
-        usable = self.usable_steps
-        size = usable if self.window_size is None else self.window_size
+        if self.window_size is None:
+            if self.num_steps < 2 or self.window_starts is not None:
+                raise ValueError(
+                    f"window_size null (every step but the last) needs num_steps >= 2 (got {self.num_steps}) and "
+                    f"no window_starts (got {self.window_starts}); set window_size to choose the window"
+                )
+            return range(self.num_steps - 1)
+        usable, size = self.usable_steps, self.window_size
         if not 1 <= size <= usable:
             raise ValueError(f"window_size {size}: expected 1..{usable} with {self.num_steps} steps ({self.method})")
         low, high = self.window_starts or (0, usable - size + 1)
@@ -130,6 +138,13 @@ class Sampling(SamplerSettings):
 
     eval_num_steps: int = pydantic.Field(10, gt=0)
     """Denoising steps of the evaluation's deterministic (ODE, or η = 0 DDIM) samples."""
+    eval_guidance_scale: float | None = None
+    """Classifier-free guidance scale of the evaluation samples (applied when > 1); None: `guidance_scale`."""
+
+    @property
+    def evaluation_guidance_scale(self) -> float:
+        """The guidance scale evaluation samples with."""
+        return self.guidance_scale if self.eval_guidance_scale is None else self.eval_guidance_scale
 
 
 class RewardEntry(Settings):
@@ -159,13 +174,33 @@ class Rewards(Settings):
     advantages; "advantage" sums each reward's group advantages (`vlm_rewards.generation.grpo`)."""
 
 
+class PromptFile(Settings):
+    """A prompt dataset file (read by `vlm_rewards.generation.prompts`); a bare path string means this."""
+
+    path: Path
+    """The file; a relative path is read from the working folder, like the job's other paths."""
+    format: Literal["auto", "text", "jsonl", "geneval"] = "auto"
+    """"text": a prompt per line ("#" comments, blank lines skipped); "jsonl": `{"prompt": ...}` per line, other
+    keys kept as metadata; "geneval": GenEval's evaluation_metadata.jsonl; "auto": .txt is text, .jsonl is
+    geneval when its first line has "tag" and "include", else jsonl."""
+
+
+def _prompt_path(value: Any) -> Any:
+    return {"path": value} if isinstance(value, str | Path) else value
+
+
+PromptSource = Annotated[list[str] | PromptFile, pydantic.BeforeValidator(_prompt_path)]
+"""Prompts inline (a list) or from a file (`PromptFile`, or its path as a string)."""
+
+
 class Train(Settings):
     """Prompts, batch sizes and the PPO-clip optimisation."""
 
-    prompts: list[str] = ["a red circle", "a blue square", "a green triangle", "a yellow star"]
-    """Training prompts; each batch draws sample_batch_size / group_size of them."""
-    eval_prompts: list[str] = ["a red circle", "a blue square"]
-    """Evaluation prompts; empty: no evaluation."""
+    prompts: PromptSource = ["a red circle", "a blue square", "a green triangle", "a yellow star"]
+    """Training prompts, a list or a prompt file; each batch draws sample_batch_size / group_size of them."""
+    eval_prompts: PromptSource = ["a red circle", "a blue square"]
+    """Evaluation prompts, a list or a prompt file; empty list: no evaluation. When either split is a file, a
+    prompt in both is refused at the start of the run (`vlm_rewards.generation.prompts`)."""
     eval_images_per_prompt: int = pydantic.Field(1, gt=0)
     """Evaluation images per prompt, each from its own fixed-seed noise."""
     group_size: int = 4
@@ -188,18 +223,36 @@ class Train(Settings):
     """AdamW weight decay."""
     grad_clip: float = 1.0
     """Gradient norm clip per optimizer step."""
+    gradient_checkpointing: bool = False
+    """Recompute the denoiser's activations in the backward pass instead of storing them (diffusers'
+    `enable_gradient_checkpointing`): less memory for about one more forward per trained step; same gradients."""
     clip_range: float = 1e-4
     """PPO's clip range ε: ratios outside [1 − ε, 1 + ε] stop contributing gradient."""
     advantage_clip: float = 5.0
     """Advantages are clipped to [−advantage_clip, advantage_clip]."""
     advantage_epsilon: float = 1e-4
     """ε of the group z-score (r − mean) / (std + ε)."""
+    global_std: bool = False
+    """Divide by the reward std of the whole batch (every process) instead of each prompt group's (Flow-GRPO's
+    `global_std`): a group whose rewards barely differ then gets small advantages, not its noise blown up to ±1."""
     kl_beta: float = 0.0
-    """Weight β of the KL to the reference policy (the model with its LoRA disabled); 0: no KL term."""
+    """Weight β of the KL to the reference policy (the model with its LoRA disabled); 0: no KL term. The KL is
+    ‖μθ − μref‖² / (2·std²) with std the step's full standard deviation (Flow-SDE: std_dev_t·sqrt(−dt)), where
+    Flow-GRPO divides by std_dev_t² alone: ours is 1/(−dt) times theirs, so at 10 steps (−dt ≈ 0.1) the same β
+    weighs the KL about 10x as much as in Flow-GRPO."""
     log_reference_kl: bool = True
     """Compute and log the KL to the reference even when kl_beta is 0."""
     ema_decay: float | None = None
     """Evaluate (and keep) an EMA of the LoRA weights with this decay (e.g. 0.9); None: off."""
+
+
+class Export(Settings):
+    """What a run writes of its final weights (the EMA's when ema_decay is set) to output_dir/export/<format>."""
+
+    formats: list[Literal["lora", "merged"]] = ["lora"]
+    """"lora": the adapter, as peft's save_pretrained and (SD3, Flux) diffusers' pytorch_lora_weights.safetensors;
+    "merged": the denoiser with the adapter merged in (a full copy of its weights); []: nothing. Any checkpoint
+    exports later with `vlmr export-generator` (`vlm_rewards.generation.export`)."""
 
 
 class GRPOConfig(JobConfig):
@@ -219,6 +272,8 @@ class GRPOConfig(JobConfig):
     """The trained and gold rewards."""
     train: Train = pydantic.Field(default_factory=Train)
     """Prompts, batches and optimisation."""
+    export: Export = pydantic.Field(default_factory=Export)
+    """The final weights' export formats."""
     eval_every: int = pydantic.Field(2, ge=0)
     """Evaluate every this many epochs; 0: never."""
     checkpoint_every: int = pydantic.Field(2, ge=0)
@@ -241,7 +296,8 @@ class GRPOConfig(JobConfig):
                 f"train.group_size {train.group_size} does not divide train.sample_batch_size {train.sample_batch_size}"
             )
         for field in ("prompts", "eval_prompts"):
-            empty = [i for i, prompt in enumerate(getattr(train, field)) if not prompt.strip()]
+            source = getattr(train, field)  # a prompt file is checked when it is read
+            empty = [i for i, prompt in enumerate(source) if not prompt.strip()] if isinstance(source, list) else []
             if empty or (field == "prompts" and not train.prompts):
                 raise ValueError(f"train.{field}: empty prompt(s) at {empty or 'the list itself'}")
         if not self.rewards.trained:

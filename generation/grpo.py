@@ -1,8 +1,9 @@
 """GRPO's math: group-relative advantages (one or several rewards), the PPO-clip loss and its diagnostics.
 
 Advantages are per-prompt z-scores from `vlm_rewards.normalization` (statistics over the whole group,
-gathered across processes); groups whose rewards are all equal carry no signal and are dropped from
-the update (and counted). Several rewards combine in one of two ways:
+gathered across processes), or with `global_std` the deviation from the group mean over the std of the
+whole batch (Flow-GRPO's option); groups whose rewards are all equal carry no signal and are dropped
+from the update (and counted). Several rewards combine in one of two ways:
 - "reward": each reward z-scored over the whole batch (so weights compare like with like; a reward
   flat over the batch adds nothing), weighted sum, then group advantages of the sum;
 - "advantage": group advantages of each reward, then their weighted sum (a group is dropped only if
@@ -35,14 +36,21 @@ class Advantages:
 
 
 def group_advantages(
-    rewards: np.ndarray, groups: Sequence[Hashable], epsilon: float = 1e-4, gather: Gather | None = None
+    rewards: np.ndarray,
+    groups: Sequence[Hashable],
+    epsilon: float = 1e-4,
+    gather: Gather | None = None,
+    global_std: bool = False,
 ) -> Advantages:
-    """(r − group mean) / (group std + ε) per prompt; zero-std groups and non-finite rewards dropped."""
+    """(r − group mean) / (std + ε) per prompt, std the group's or (`global_std`) the whole batch's, every process
+    included; zero-std groups and non-finite rewards dropped."""
     rewards = np.asarray(rewards, dtype=np.float64)
-    zero_std = group_statistics(rewards, groups, gather).zero_std
-    values = group_zscore(rewards, groups, epsilon, gather)
-    keep = ~zero_std & np.isfinite(values)
-    return Advantages(np.where(keep, values, 0.0), keep, float(zero_std.mean()))
+    stats = group_statistics(rewards, groups, gather)
+    std = group_statistics(rewards, ["batch"] * len(rewards), gather).std if global_std else stats.std
+    with np.errstate(divide="ignore", invalid="ignore"):  # epsilon may be 0: flat groups divide 0 by 0
+        values = (rewards - stats.mean) / (std + epsilon)
+    keep = ~stats.zero_std & np.isfinite(values)
+    return Advantages(np.where(keep, values, 0.0), keep, float(stats.zero_std.mean()))
 
 
 def combined_advantages(
@@ -52,17 +60,20 @@ def combined_advantages(
     aggregation: Aggregation = "reward",
     epsilon: float = 1e-4,
     gather: Gather | None = None,
+    global_std: bool = False,
 ) -> Advantages:
     """Advantages from several rewards (see the module docstring); one reward is plain `group_advantages`."""
     if len(rewards) == 1:
         (values,) = rewards.values()
-        return group_advantages(values, groups, epsilon, gather)
+        return group_advantages(values, groups, epsilon, gather, global_std)
     if aggregation == "reward":
         whole_batch = ["batch"] * len(groups)
         total = sum(weights[name] * group_zscore(values, whole_batch, 0.0, gather) for name, values in rewards.items())
-        return group_advantages(total, groups, epsilon, gather)
+        return group_advantages(total, groups, epsilon, gather, global_std)
     if aggregation == "advantage":
-        parts = {name: group_advantages(values, groups, epsilon, gather) for name, values in rewards.items()}
+        parts = {
+            name: group_advantages(values, groups, epsilon, gather, global_std) for name, values in rewards.items()
+        }
         total = sum(weights[name] * part.values for name, part in parts.items())
         keep = np.logical_or.reduce([part.keep for part in parts.values()])
         return Advantages(np.where(keep, total, 0.0), keep, float((~keep).mean()))
@@ -87,16 +98,64 @@ def ppo_clip_loss(
 def ratio_diagnostics(
     ratio: torch.Tensor, log_prob: torch.Tensor, old_log_prob: torch.Tensor, clip_range: float
 ) -> dict:
-    """Clip fractions above and below the trust region, and approx-KL (CleanRL's k3 estimator)."""
-    log_ratio = (log_prob - old_log_prob).detach()
+    """Clip fractions (all, above and below the trust region), Flow-GRPO's approx-KL and the ratio's spread."""
     ratio = ratio.detach()
-    return {
+    return clip_statistics((log_prob - old_log_prob).detach(), clip_range) | {
         "clip_frac_high": (ratio > 1.0 + clip_range).float().mean().item(),
         "clip_frac_low": (ratio < 1.0 - clip_range).float().mean().item(),
-        "approx_kl": ((ratio - 1) - log_ratio).mean().item(),
         "ratio_mean": ratio.mean().item(),
         "ratio_max_deviation": (ratio - 1).abs().max().item(),
     }
+
+
+def clip_statistics(log_ratio: torch.Tensor, clip_range: float) -> dict[str, float]:
+    """As Flow-GRPO logs them: the clip fraction, mean(|ratio − 1| > clip_range), and the approx KL,
+    0.5·mean((log_prob − old_log_prob)²)."""
+    return {
+        "clip_frac": ((log_ratio.exp() - 1).abs() > clip_range).float().mean().item(),
+        "approx_kl": 0.5 * log_ratio.pow(2).mean().item(),
+    }
+
+
+class ClipTracker:
+    """Clip fraction and approx KL of an epoch's PPO updates, per denoising step index and per optimizer step.
+
+    The log-probs are averaged over every latent element, so log-ratios are small and a `clip_range` made for
+    token log-probs may never engage: these say whether clipping acts at all, when, and at which steps of the
+    trajectory.
+    """
+
+    def __init__(self, clip_range: float):
+        self.clip_range = clip_range
+        self.by_step_index: dict[int, list[torch.Tensor]] = {}
+        self.since_update: list[torch.Tensor] = []
+        self.updates: list[dict[str, float]] = []
+
+    def add(self, log_ratio: torch.Tensor, step_indices: torch.Tensor) -> None:
+        """One trained step of a minibatch: each sample's log(π/π_old) and the denoising step index it is at."""
+        log_ratio, step_indices = log_ratio.detach().float().cpu(), step_indices.cpu()
+        self.since_update.append(log_ratio)
+        for index in step_indices.unique().tolist():
+            self.by_step_index.setdefault(index, []).append(log_ratio[step_indices == index])
+
+    def optimizer_step(self) -> dict[str, float]:
+        """The statistics since the previous optimizer step (this one's samples and steps)."""
+        logs = clip_statistics(torch.cat(self.since_update), self.clip_range)
+        self.since_update = []
+        self.updates.append(logs)
+        return logs
+
+    def logs(self) -> dict[str, float]:
+        """Per denoising step index (`train/clip_frac/step_03`), and the largest of any optimizer step."""
+        logs = {
+            f"train/{name}/step_{index:02d}": value
+            for index in sorted(self.by_step_index)
+            for name, value in clip_statistics(torch.cat(self.by_step_index[index]), self.clip_range).items()
+        }
+        if self.updates:
+            for name in ("clip_frac", "approx_kl"):
+                logs[f"train/{name}_max"] = max(update[name] for update in self.updates)
+        return logs
 
 
 def reward_diagnostics(rewards: Mapping[str, np.ndarray], gold: Mapping[str, np.ndarray]) -> dict[str, float]:

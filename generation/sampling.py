@@ -23,7 +23,8 @@ from vlm_rewards.generation.sde import step_distribution, step_with_logprob
 
 @dataclass
 class Rollout:
-    """B trajectories; K recorded steps each. latents[:, k] -> next_latents[:, k] at timesteps[:, k]."""
+    """B trajectories; K recorded steps each. latents[:, k] -> next_latents[:, k] at timesteps[:, k], which is
+    denoising step step_indices[:, k] of the schedule."""
 
     prompts: list[str]
     embeddings: PromptEmbeddings
@@ -31,9 +32,10 @@ class Rollout:
     next_latents: torch.Tensor  # (B, K, C, h, w)
     timesteps: torch.Tensor  # (B, K)
     log_probs: torch.Tensor  # (B, K)
+    step_indices: torch.Tensor  # (B, K) int64
     images: np.ndarray  # (B, H, W, 3) uint8
 
-    STEP_FIELDS: ClassVar[tuple[str, ...]] = ("latents", "next_latents", "timesteps", "log_probs")
+    STEP_FIELDS: ClassVar[tuple[str, ...]] = ("latents", "next_latents", "timesteps", "log_probs", "step_indices")
 
     def __len__(self) -> int:
         return len(self.prompts)
@@ -44,10 +46,7 @@ class Rollout:
         return Rollout(
             [self.prompts[i] for i in index],
             self.embeddings[rows],
-            self.latents[rows],
-            self.next_latents[rows],
-            self.timesteps[rows],
-            self.log_probs[rows],
+            *(getattr(self, name)[rows] for name in Rollout.STEP_FIELDS),
             self.images[index],
         )
 
@@ -114,7 +113,7 @@ def sample_rollout(
         shared = ode_step(index, shared, rows)
     latents = shared[members]
 
-    recorded: dict[str, list[torch.Tensor]] = {"latents": [], "next_latents": [], "timesteps": [], "log_probs": []}
+    recorded: dict[str, list[torch.Tensor]] = {name: [] for name in Rollout.STEP_FIELDS}
     for index in range(window.start, settings.num_steps):
         if index not in window:
             latents = ode_step(index, latents)
@@ -131,6 +130,7 @@ def sample_rollout(
         recorded["next_latents"].append(next_latents)
         recorded["timesteps"].append(timestep.expand(len(prompts)))
         recorded["log_probs"].append(log_prob)
+        recorded["step_indices"].append(torch.full((len(prompts),), index, device=log_prob.device))
         latents = next_latents
     stacked = {name: torch.stack(values, dim=1) for name, values in recorded.items()}
     return Rollout(prompts, embeddings, images=generator.decode(latents), **stacked)

@@ -223,8 +223,8 @@ def gaussian_mean_kl(mean: torch.Tensor, reference_mean: torch.Tensor, std: torc
 
     Equal-variance Gaussians: ‖μθ − μref‖² / (2·std²), the same per-element averaging as the log-probs,
     so it equals E_{x'~θ}[log_prob_θ(x') − log_prob_ref(x')]. (Flow-GRPO's code divides by std_dev_t²,
-    a −dt-rescaled version of this for Flow-SDE, which only changes what β means.) 0 where std is 0,
-    as for the log-probs.
+    a −dt-rescaled version of this for Flow-SDE, which only changes what β means: this KL is 1/(−dt) times
+    theirs, about 10x at 10 steps; see `Train.kl_beta`.) 0 where std is 0, as for the log-probs.
     """
     std = torch.as_tensor(std, device=mean.device, dtype=mean.dtype).expand_as(mean)
     stochastic = std > 0

@@ -5,6 +5,8 @@ batch samples), turn rewards into group advantages, then PPO-clip updates on the
 steps (gradients accumulated over a trajectory's steps, one optimizer step per minibatch). The
 reference policy for the KL term is the same network with its LoRA disabled. Every seed is derived
 from (seed, epoch, batch, process), so a resumed run samples exactly what an uninterrupted one would.
+Each epoch's logs go to metrics.jsonl and TensorBoard (output_dir/tensorboard, with image grids and the
+per-optimizer-step clip statistics; docs/generation.md, "Training diagnostics").
 
 A checkpoint is saved every `checkpoint_every` epochs and after the last one. A rerun resumes from the
 latest: only if its settings match the checkpoint's (`RESUME_MAY_CHANGE` lists the exceptions), with
@@ -32,8 +34,10 @@ from peft import LoraConfig, get_peft_model
 from vlm_rewards.config import changed_settings
 from vlm_rewards.generation.config import GRPOConfig, ModelSettings, Train
 from vlm_rewards.generation.ema import ParameterEMA
+from vlm_rewards.generation.export import export_final
 from vlm_rewards.generation.grpo import (
     Advantages,
+    ClipTracker,
     combined_advantages,
     ppo_clip_loss,
     ratio_diagnostics,
@@ -49,6 +53,7 @@ from vlm_rewards.generation.models import (
     load_tiny_generator,
     predict,
 )
+from vlm_rewards.generation.prompts import resolve_prompts
 from vlm_rewards.generation.rewards import RewardSet, Scores, collect_rollouts
 from vlm_rewards.generation.sampling import Rollout, sample_deterministic, sample_rollout
 from vlm_rewards.generation.sde import gaussian_mean_kl, step_distribution, step_with_logprob
@@ -57,6 +62,8 @@ from vlm_rewards.io import atomic_folder, atomic_path, write_json
 logger = logging.getLogger(__name__)
 
 CHECKPOINT_CONFIG = "config.json"
+TENSORBOARD = "tensorboard"  # output_dir/tensorboard: the event files
+SAMPLE_GROUPS = 8  # prompt groups of each epoch's rollouts shown in TensorBoard (a row each)
 # What a resumed run may change: how long it runs, what it evaluates and logs. Anything else changes what it
 # trains, so resuming is refused. A cosine schedule follows the new train.epochs (`epoch_lr`).
 RESUME_MAY_CHANGE = (
@@ -66,12 +73,15 @@ RESUME_MAY_CHANGE = (
     "train.eval_prompts",
     "train.eval_images_per_prompt",
     "train.log_reference_kl",
+    "train.gradient_checkpointing",
     "sampling.eval_num_steps",
+    "sampling.eval_guidance_scale",
     "rewards.gold",
     "eval_every",
     "checkpoint_every",
     "keep_checkpoints",
     "keep_best_by",
+    "export",
 )
 START_OVER = "set resume=false to start over (this removes the checkpoints in output_dir), or use another output_dir"
 
@@ -88,15 +98,20 @@ def run_grpo(
     reward-weighted regression's): everything around it (LoRA, evaluation, checkpoints, resume) is shared.
     """
     epoch_step = epoch_step or grpo_epoch
+    config = resolve_prompts(config)  # prompt files read and their splits checked before anything is built
     rewards = build_rewards(config)  # bad reward configs fail before any model is built
     checkpoint = resumable_checkpoint(config) if config.resume else None  # so do changed settings
     accelerator = Accelerator(
         mixed_precision=config.mixed_precision,
         gradient_accumulation_steps=config.sampling.steps_per_trajectory,
+        log_with="tensorboard",
+        project_dir=config.output_dir,
     )
     set_seed(config.seed)
     generator = build_generator(config.model)
     check_generator(generator)
+    if config.train.gradient_checkpointing:
+        enable_gradient_checkpointing(generator.denoiser)
     generator.denoiser = add_lora(generator.denoiser, config.model)
     trainable = lora_parameters(generator.denoiser)
     optimizer = torch.optim.AdamW(trainable, lr=config.train.lr, weight_decay=config.train.weight_decay)
@@ -106,6 +121,7 @@ def run_grpo(
         accelerator.register_for_checkpointing(ema)
     start_epoch, history = load_checkpoint(accelerator, checkpoint) if checkpoint else (0, {})
     truncate_logs(accelerator, config, checkpoint)
+    accelerator.init_trackers(TENSORBOARD)
     if start_epoch == 0 and config.eval_every:  # the starting model, for comparison
         record(accelerator, config, history, evaluate(accelerator, generator, rewards, config, 0), 0)
         keep_best(accelerator, denoiser, ema, config, history, 0)
@@ -123,6 +139,7 @@ def run_grpo(
         last = epoch + 1 == config.train.epochs
         if last or (config.checkpoint_every and (epoch + 1) % config.checkpoint_every == 0):
             save_checkpoint(accelerator, config, epoch + 1, history)
+    export_final(accelerator, generator, denoiser, ema, config)  # last: a merged export consumes the adapter
     accelerator.end_training()
     return history
 
@@ -179,6 +196,14 @@ def sample_epoch(
         config.rewards.aggregation,
         config.train.advantage_epsilon,
         gather,
+        config.train.global_std,
+    )
+    log_image_grid(
+        accelerator,
+        "samples",
+        rollout.images[: SAMPLE_GROUPS * config.train.group_size],
+        epoch,
+        config.train.group_size,
     )
     everywhere = gathered_scores(scores) if gather else scores
     logs = reward_diagnostics(everywhere.trained, everywhere.gold) | timings
@@ -201,12 +226,17 @@ def update_policy(
     epoch: int,
     ema: ParameterEMA | None = None,
 ) -> dict[str, float]:
-    """PPO-clip updates over the kept samples: per minibatch, one backward per recorded step."""
+    """PPO-clip updates over the kept samples: per minibatch, one backward per recorded step.
+
+    Each optimizer step's clip fraction and approx KL go to TensorBoard (`optimizer_step/...`, at the run's
+    optimizer step count); the epoch's logs get them per denoising step index and their largest value.
+    """
     kept = np.flatnonzero(advantages.keep)
     generator.scheduler.set_timesteps(config.sampling.num_steps, device=accelerator.device)
     rng = np.random.default_rng(derived_seed(config.seed, epoch, "shuffle", accelerator.process_index))
     step_logs: list[dict[str, float]] = []
     agreement = GradientAgreement()
+    clipping = ClipTracker(config.train.clip_range)
     for _ in range(config.train.inner_epochs):
         order = rng.permutation(kept)
         for start in range(0, len(order), config.train.train_batch_size):
@@ -217,18 +247,23 @@ def update_policy(
             )
             for k in range(minibatch.latents.shape[1]):
                 with accelerator.accumulate(denoiser):
-                    loss, logs = step_loss(accelerator, generator, denoiser, minibatch, k, minibatch_advantages, config)
+                    loss, logs = step_loss(
+                        accelerator, generator, denoiser, minibatch, k, minibatch_advantages, config, clipping
+                    )
                     accelerator.backward(loss)
                     if accelerator.sync_gradients:
                         accelerator.clip_grad_norm_(denoiser.parameters(), config.train.grad_clip)
                         agreement.add(denoiser)
+                        optimizer_step = accelerator.step // accelerator.gradient_accumulation_steps
+                        update = {f"optimizer_step/{name}": value for name, value in clipping.optimizer_step().items()}
+                        accelerator.log(update, step=optimizer_step)
                     optimizer.step()
                     optimizer.zero_grad()
                     if ema is not None and accelerator.sync_gradients:
                         ema.update()
                 step_logs.append(logs)
     means = {f"train/{name}": float(np.mean([logs[name] for logs in step_logs])) for name in step_logs[0]}
-    return means | agreement.logs()
+    return means | agreement.logs() | clipping.logs()
 
 
 class GradientAgreement:
@@ -261,8 +296,10 @@ def step_loss(
     k: int,
     advantages: torch.Tensor,
     config: GRPOConfig,
+    clipping: ClipTracker | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The PPO-clip loss (+ β·KL to the LoRA-disabled reference) at recorded step k of a minibatch."""
+    """The PPO-clip loss (+ β·KL to the LoRA-disabled reference) at recorded step k of a minibatch; `clipping`
+    collects each sample's log-ratio by denoising step."""
     train, sampling = config.train, config.sampling
     device = accelerator.device
     latents, next_latents = minibatch.latents[:, k].to(device), minibatch.next_latents[:, k].to(device)
@@ -279,6 +316,8 @@ def step_loss(
         scheduler, denoise(denoiser), timesteps, latents, noise_level, method, prev_sample=next_latents
     )
     loss, ratio = ppo_clip_loss(log_prob, old_log_prob, advantages, train.clip_range, train.advantage_clip)
+    if clipping is not None:
+        clipping.add(log_prob - old_log_prob, minibatch.step_indices[:, k])
     logs = {"policy_loss": loss.item()} | ratio_diagnostics(ratio, log_prob, old_log_prob, train.clip_range)
     if train.kl_beta > 0 or train.log_reference_kl:
         policy = accelerator.unwrap_model(denoiser)
@@ -294,20 +333,21 @@ def step_loss(
 def evaluate(
     accelerator: Accelerator, generator: ImageGenerator, rewards: RewardSet, config: GRPOConfig, epoch: int
 ) -> dict[str, float]:
-    """Deterministic samples of the eval prompts (fixed seed): mean rewards and a PNG grid (a row per prompt
-    when there are several images per prompt)."""
+    """Deterministic samples of the eval prompts (fixed seed, `eval_guidance_scale`): mean rewards and a grid (a
+    row per prompt when there are several images per prompt) as a PNG and in TensorBoard."""
     if not accelerator.is_main_process or not config.train.eval_prompts:
         return {}
     repeats = config.train.eval_images_per_prompt
     prompts = [prompt for prompt in config.train.eval_prompts for _ in range(repeats)]
-    negative = negative_embeddings(generator, len(prompts), config)
+    guidance_scale = config.sampling.evaluation_guidance_scale
+    negative = negative_embeddings(generator, len(prompts), config, guidance_scale)
     images = sample_deterministic(
-        generator, prompts, config.sampling.eval_num_steps, config.seed, config.sampling.guidance_scale, negative
+        generator, prompts, config.sampling.eval_num_steps, config.seed, guidance_scale, negative
     )
     scores = asyncio.run(rewards.ascore(images, prompts))
-    save_image_grid(
-        images, config.output_dir / "eval" / f"epoch_{epoch:04d}.png", columns=repeats if repeats > 1 else 8
-    )
+    columns = repeats if repeats > 1 else 8
+    save_image_grid(images, config.output_dir / "eval" / f"epoch_{epoch:04d}.png", columns=columns)
+    log_image_grid(accelerator, "eval", images, epoch, columns)
     means = {f"eval/reward/{name}": float(v.mean()) for name, v in scores.trained.items()}
     return means | {f"eval/gold/{name}": float(v.mean()) for name, v in scores.gold.items()}
 
@@ -333,6 +373,17 @@ def build_generator(settings: ModelSettings) -> ImageGenerator:
             )
         return generator
     return build_tiny_generator(settings.family, **settings.tiny.model_dump())
+
+
+def enable_gradient_checkpointing(denoiser: torch.nn.Module) -> None:
+    """diffusers' activation checkpointing of the denoiser's blocks (non-reentrant, so LoRA weights inside a block
+    get their gradients even though the block's inputs need none)."""
+    if not getattr(denoiser, "_supports_gradient_checkpointing", False):
+        raise ValueError(
+            f"train.gradient_checkpointing: {type(denoiser).__name__} does not support it; expected a diffusers "
+            "model that does (SD3Transformer2DModel, FluxTransformer2DModel, UNet2DConditionModel)"
+        )
+    denoiser.enable_gradient_checkpointing()
 
 
 def add_lora(denoiser: torch.nn.Module, settings: ModelSettings) -> torch.nn.Module:
@@ -371,8 +422,12 @@ def gathered_scores(scores: Scores) -> Scores:
     return Scores(gather(scores.trained), gather(scores.gold))
 
 
-def negative_embeddings(generator: ImageGenerator, count: int, config: GRPOConfig) -> PromptEmbeddings | None:
-    return generator.encode_prompts([""] * count) if config.sampling.guidance_scale > 1 else None
+def negative_embeddings(
+    generator: ImageGenerator, count: int, config: GRPOConfig, guidance_scale: float | None = None
+) -> PromptEmbeddings | None:
+    """The empty prompt's embeddings when CFG applies (`guidance_scale`, default the sampling one, > 1), else None."""
+    scale = config.sampling.guidance_scale if guidance_scale is None else guidance_scale
+    return generator.encode_prompts([""] * count) if scale > 1 else None
 
 
 def derived_seed(*parts: int | str) -> int:
@@ -383,10 +438,9 @@ def _as_int(part: int | str) -> int:
     return part if isinstance(part, int) else int.from_bytes(part.encode(), "little")
 
 
-def save_image_grid(images: np.ndarray, path: Path, columns: int = 8, scale: int = 8) -> None:
-    """(N, H, W, 3) uint8 -> one PNG, tiles upscaled by `scale` (nearest) so tiny images stay visible."""
-    from PIL import Image
-
+def image_grid(images: np.ndarray, columns: int = 8, scale: int = 8) -> np.ndarray:
+    """(N, H, W, 3) uint8 -> one (rows·H·scale, columns·W·scale, 3) image, tiles upscaled by `scale` (nearest)
+    so tiny images stay visible."""
     count, height, width, _ = images.shape
     rows = -(-count // columns)
     columns = min(columns, count)
@@ -394,21 +448,37 @@ def save_image_grid(images: np.ndarray, path: Path, columns: int = 8, scale: int
     for i, image in enumerate(images):
         row, column = divmod(i, columns)
         grid[row * height : (row + 1) * height, column * width : (column + 1) * width] = image
-    grid = grid.repeat(scale, axis=0).repeat(scale, axis=1)
+    return grid.repeat(scale, axis=0).repeat(scale, axis=1)
+
+
+def save_image_grid(images: np.ndarray, path: Path, columns: int = 8, scale: int = 8) -> None:
+    """`image_grid` as a PNG."""
+    from PIL import Image
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(grid).save(path)
+    Image.fromarray(image_grid(images, columns, scale)).save(path)
+
+
+def log_image_grid(accelerator: Accelerator, tag: str, images: np.ndarray, epoch: int, columns: int) -> None:
+    """An image grid in TensorBoard at this epoch, tiles upscaled to about 64 px (main process; no-op when the
+    accelerator has no tracker, as in `diagnostics`)."""
+    if accelerator.is_main_process and accelerator.trackers:
+        grid = image_grid(images, columns, scale=max(1, 64 // images.shape[1]))
+        accelerator.get_tracker(TENSORBOARD).log_images({tag: grid[None]}, step=epoch, dataformats="NHWC")
 
 
 # ----------------------------------------------------------------------------- checkpoints and logs
 
 
 def record(accelerator: Accelerator, config: GRPOConfig, history: dict, logs: dict[str, float], epoch: int) -> None:
+    """An epoch's logs into the history, metrics.jsonl and TensorBoard (at step = epoch)."""
     for name, value in logs.items():
         history.setdefault(name, []).append((epoch, float(value)))
     if accelerator.is_main_process:
         config.output_dir.mkdir(parents=True, exist_ok=True)
         with open(config.output_dir / "metrics.jsonl", "a") as handle:
             handle.write(json.dumps({"epoch": epoch, **{k: _json_float(v) for k, v in logs.items()}}) + "\n")
+    accelerator.log({name: float(value) for name, value in logs.items()}, step=epoch)
     logger.info("epoch %d: %s", epoch, ", ".join(f"{k}={v:.4g}" for k, v in logs.items()))
 
 
@@ -499,12 +569,14 @@ def load_checkpoint(accelerator: Accelerator, checkpoint: tuple[int, Path]) -> t
 
 def truncate_logs(accelerator: Accelerator, config: GRPOConfig, checkpoint: tuple[int, Path] | None) -> None:
     """Logs as the resumed checkpoint left them: metrics.jsonl up to its epoch (a resumed run logs the later
-    epochs again). A fresh run starts with no metrics and no checkpoints: resume=false must not leave an
-    earlier run's later checkpoints to outlive this run's rotation and be resumed from next time."""
+    epochs again). A fresh run starts with no metrics, TensorBoard events and checkpoints: resume=false must
+    not leave an earlier run's later checkpoints to outlive this run's rotation and be resumed from next time."""
     if accelerator.is_main_process:
         if checkpoint is None and (config.output_dir / "checkpoints").exists():
             logger.warning("starting over: removing the earlier run's checkpoints in %s", config.output_dir)
             shutil.rmtree(config.output_dir / "checkpoints")
+        if checkpoint is None and (config.output_dir / TENSORBOARD).exists():
+            shutil.rmtree(config.output_dir / TENSORBOARD)
         metrics = config.output_dir / "metrics.jsonl"
         if metrics.exists():
             last_epoch = checkpoint[0] if checkpoint else -1

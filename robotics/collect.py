@@ -1,4 +1,5 @@
-"""`vlmr collect`: scripted rollouts of the tasks written as an episode dataset (data/README.md).
+"""`vlmr collect`: scripted rollouts of the tasks written as an episode dataset (data/README.md) or, with
+`format: lerobot`, as a LeRobot v3 dataset (`to_lerobot`).
 
 Policies: `expert`, `noisy` (expert + Gaussian action noise), `wrong_object` (the expert for a
 distractor: a failure that looks competent), `random`, `detour` (the expert after a random waypoint),
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from gymnasium.envs.registration import load_env_creator
 
 from vlm_rewards.data.episodes import EpisodeDataset, EpisodeRecord, write_episodes
 from vlm_rewards.data.labels import stage_budget_progress, visual_change
+from vlm_rewards.data.lerobot import LeRobotEpisodeData, write_lerobot
 from vlm_rewards.robotics.config import CollectConfig
 from vlm_rewards.robotics.envs import make_gym_vector
 from vlm_rewards.robotics.experts import (
@@ -47,12 +49,16 @@ logger = logging.getLogger("vlm_rewards.robotics.collect")
 
 @dataclass
 class Rollout:
-    """One episode as stepped: frames per camera, the env's info per frame, the policy."""
+    """One episode as stepped: frames per camera, the env's info per frame, the policy; per step (one fewer than
+    frames) the observation acted on, the action and the env's reward."""
 
     policy: str
     frames: dict[str, list[np.ndarray]]
     infos: list[dict]
     reference: np.ndarray | None
+    states: list[np.ndarray] = field(default_factory=list)
+    actions: list[np.ndarray] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
 
     @property
     def success(self) -> bool:
@@ -137,10 +143,14 @@ def _run_batch(envs, expert, trained, policies: list[str], config: CollectConfig
                 for p, o, n, w, d in zip(policies, obs, noises, wrong, waypoints)
             ]
         )
-        obs, _, terminated, truncated, infos = envs.step(actions)
+        states = obs
+        obs, rewards, terminated, truncated, infos = envs.step(actions)
         waypoints = [detour_reached(o, waypoint) for o, waypoint in zip(obs, waypoints)]
         for i, info in enumerate(unstack_infos(infos, num_envs)[: len(rollouts)]):
             if not done[i]:
+                rollouts[i].states.append(states[i])
+                rollouts[i].actions.append(actions[i])
+                rollouts[i].rewards.append(float(rewards[i]))
                 for name, frame in info["frames"].items():
                     rollouts[i].frames[name].append(frame)
                 rollouts[i].infos.append(info)
@@ -227,16 +237,41 @@ def relabelled_records(rollout: Rollout, first_id: int, config: CollectConfig) -
     return records
 
 
+def to_lerobot(rollout: Rollout, config: CollectConfig, stage_budgets) -> LeRobotEpisodeData:
+    """LeRobot's convention, one row per step t: the frames and state acted on, the action, and what the step
+    brought (`next.reward`, `next.done`, `next.success`); the observation after the last step is not a row.
+    Every step is kept (frame_stride is for the episode format); the progress labels go to sarm_progress.parquet."""
+    steps = len(rollout.actions)
+    progress = progress_labels(rollout, config.progress_label, stage_budgets, config.env.camera)
+    return LeRobotEpisodeData(
+        task=rollout.infos[0]["instruction"],
+        videos={f"observation.images.{name}": np.stack(frames[:steps]) for name, frames in rollout.frames.items()},
+        features={
+            "observation.state": np.asarray(rollout.states, np.float32),
+            "action": np.asarray(rollout.actions, np.float32),
+            "next.reward": np.asarray(rollout.rewards, np.float32),
+            "next.done": np.arange(steps) == steps - 1,
+            "next.success": np.array([bool(info["is_success"]) for info in rollout.infos[1:]]),
+        },
+        success=rollout.success,
+        policy=rollout.policy,
+        progress=progress[:steps],
+    )
+
+
 def _strided(num_frames: int, stride: int) -> np.ndarray:
     keep = np.arange(0, num_frames, stride)
     return keep if keep[-1] == num_frames - 1 else np.append(keep, num_frames - 1)
 
 
-def collect(config: CollectConfig, track: Track | None = None) -> EpisodeDataset:
-    """Roll out the configured policies and write the dataset to `config.output`."""
+def collect(config: CollectConfig, track: Track | None = None) -> EpisodeDataset | Path:
+    """Roll out the configured policies and write the dataset to `config.output` (format lerobot: returns its
+    folder; read it with `vlm_rewards.data.lerobot`)."""
     stage_budgets = load_env_creator(gym.spec(config.env.id).entry_point).stage_budgets
     counts: dict[str, list[int]] = {}
 
+    if config.format == "lerobot":
+        return _collect_lerobot(config, stage_budgets, track)
     if config.relabel_targets and (config.progress_label != "geometric" or config.goal_reference):
         raise ValueError(
             "collect: relabel_targets needs progress_label=geometric and goal_reference=false (the goal "
@@ -262,3 +297,16 @@ def collect(config: CollectConfig, track: Track | None = None) -> EpisodeDataset
         logger.info("%s: %d episodes, success rate %.2f", policy, len(successes), np.mean(successes))
     logger.info("wrote %d episodes to %s", len(dataset), config.output)
     return dataset
+
+
+def _collect_lerobot(config: CollectConfig, stage_budgets, track: Track | None) -> Path:
+    if config.relabel_targets:
+        raise ValueError("collect: relabel_targets writes the episode format only; set format: episodes")
+    rollouts = run_rollouts(config, track)
+    episodes = (to_lerobot(rollout, config, stage_budgets) for rollout in rollouts)
+    try:  # write_lerobot checks its folder before it draws the first episode, so before any rollout runs
+        root = write_lerobot(config.output, episodes, fps=config.fps, robot_type=config.env.id)
+    except FileExistsError as error:
+        raise ValueError(f"collect: output {config.output!r}: {error}") from None
+    logger.info("wrote a LeRobot v3 dataset to %s", root)
+    return root

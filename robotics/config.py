@@ -118,7 +118,10 @@ class CollectConfig(JobConfig):
     goal_reference: bool = True
     """Store the goal render as the episode's `reference`."""
     frame_format: Literal["npz", "mp4"] = "npz"
-    """How the frames are stored."""
+    """How the frames are stored (format episodes)."""
+    format: Literal["episodes", "lerobot"] = "episodes"
+    """episodes: the project's episode dataset; lerobot: a LeRobot v3 dataset for policy training (every step:
+    state, action, next.reward / next.done / next.success, task, camera videos; docs/robotics.md)."""
     fps: int = 10
     """Frame rate of the stored clips."""
     seed: int = 0
@@ -240,8 +243,9 @@ class RewardChoice(Settings):
     """sparse / dense: the env's own reward; learned: any reward config through the wrapper;
     goal_image: `goal_pixel_progress` against the env's goal render, through the wrapper."""
 
-    source: Literal["sparse", "dense", "learned", "goal_image"] = "sparse"
-    """Where the RL reward comes from."""
+    source: Literal["sparse", "dense", "learned", "goal_image", "oracle"] = "sparse"
+    """Where the RL reward comes from; oracle: the env's true progress (`info["progress"]`) as the potential
+    through the wrapper, with the same weight: what a perfect progress RM would give."""
     config: str | None = None
     """source=learned: the reward YAML (a path or a shipped name)."""
     wrapper: RewardWrapperConfig = RewardWrapperConfig()
@@ -268,7 +272,7 @@ class EvalConfig(Settings):
 
 
 class RLConfig(JobConfig):
-    """`vlmr rl`: SB3 PPO or SAC on a task with a sparse, dense, learned or goal-image reward."""
+    """`vlmr rl`: SB3 PPO or SAC on a task with a sparse, dense, learned, goal-image or oracle reward."""
 
     run_dir: str = "runs/rl/reach_sparse"
     """The run folder: config, logs, evaluations, videos and checkpoints."""
@@ -308,7 +312,7 @@ class RLConfig(JobConfig):
         algo_gamma = self.ppo.gamma if self.algo == "ppo" else self.sac.gamma
         wrapper = self.reward.wrapper
         if (
-            self.reward.source in ("learned", "goal_image")
+            self.reward.source in ("learned", "goal_image", "oracle")
             and wrapper.mode == "shaping"
             and wrapper.gamma != algo_gamma
         ):
@@ -321,7 +325,7 @@ class RLConfig(JobConfig):
 
 # ---------------------------------------------------------------------- pipeline
 
-Condition = Literal["sparse", "dense", "learned", "goal_image", "scripted"]
+Condition = Literal["sparse", "dense", "learned", "goal_image", "scripted", "oracle"]
 # the shipped hand-written frame-reading rewards of the `scripted` condition, per (task, env.highlights):
 # their palettes hold the colours as the camera renders them, which the highlights change
 SCRIPTED_REWARDS = {
@@ -333,6 +337,10 @@ SCRIPTED_REWARDS = {
 # held-out episodes at k x the episode length reset with seeds from collect.seed + k * this: past any training
 # rollout (rollout j resets with collect.seed + j), so no held-out episode starts where a training one did
 HELD_OUT_SEED_STRIDE = 1_000_000
+# round k's rollouts reset from collect.seed + k * this (the config refuses ranges that overlap)
+ROUND_SEED_STRIDE = 100_000
+# at most this many tuning seeds per candidate (issue #36's protocol)
+MAX_TUNING_SEEDS = 2
 
 
 def _default_env() -> EnvConfig:
@@ -384,6 +392,41 @@ class RewardWindow(Settings):
     """Put the episode's first frame in front of each clip."""
 
 
+class Tuning(Settings):
+    """Hyper-parameter candidates, tried on `tuning_seeds` only; the chosen one is the `rl` section of every
+    test run."""
+
+    candidates: dict[str, dict] = {}
+    """Candidates by name, each a partial `rl` section merged into the pipeline's, e.g. {x10: {reward: {wrapper:
+    {scale: 10.0}}}, x20: {reward: {wrapper: {scale: 20.0}}}}; empty: no tuning, the `rl` section as it is."""
+    condition: Condition = "learned"
+    """The condition the candidates are run with (one of `conditions`)."""
+    rule: Literal["mean_success", "final_success"] = "mean_success"
+    """How the best candidate is picked, by its mean over the tuning seeds of: mean_success, the success rate
+    averaged over every evaluation (the area under the curve: final level and speed); final_success, the
+    last evaluation's. Ties go to the candidate listed first."""
+    eval_seed_start: int = 20_000
+    """The first evaluation seed of every RL run not on a test seed (tuning candidates, rounds' policies), so
+    the test runs' evaluation states steer nothing."""
+
+
+class Round(Settings):
+    """One round of a reward recipe: RL with the current RM keeps a policy snapshot at every checkpoint, each
+    snapshot's rollouts are labelled with the env's progress, and the RM is trained further on them beside
+    every earlier round's data."""
+
+    seeds: list[int] = [100, 101]
+    """RL seeds of the round's policies (none of them a test seed)."""
+    rl: dict = {}
+    """A partial `rl` section merged into the pipeline's for this round's runs, e.g. {total_timesteps: 30000,
+    checkpoint_every: 5000}; every checkpoint's policy is kept and rolled out."""
+    episodes: int = pydantic.Field(250, ge=1)
+    """Rollouts per policy snapshot (sampled actions, as RL explores)."""
+    progress_rm: dict = {}
+    """A partial `vlmr train-rm` config merged into the last progress stage's, e.g. {optim: {steps: 4000}};
+    trained from the model of the round before."""
+
+
 class PipelineConfig(JobConfig):
     """`vlmr pipeline`: every knob of the stages; `env` is shared by collection and RL. Trainer and RL
     sections are the `vlmr train-rm` / `vlmr rl` configs (their output folders and data paths are set by
@@ -414,14 +457,21 @@ class PipelineConfig(JobConfig):
     rollouts that keeps what the earlier rounds collected); each is read as is, none is copied."""
     reward_window: RewardWindow | None = None
     """Read the RM frame by frame; None: the RM streams whole episodes (its context grows with t)."""
+    rounds: list[Round] = []
+    """Rounds after the RM stages, each RL with the RM so far, rollouts of its policies and the RM trained
+    further on them; the test conditions use the last round's RM."""
     rl: RLConfig = pydantic.Field(default_factory=_default_rl)
     """The RL runs of every condition and seed (run_dir, env, reward source and seed set by the pipeline)."""
     conditions: list[Condition] = ["sparse", "dense", "learned", "scripted"]
-    """The rewards RL is run with, under equal budgets."""
+    """The rewards RL is run with on the test seeds, under equal budgets."""
     scripted_reward: str | None = None
     """The reward YAML (path or shipped name) of `scripted`; None: the task's shipped one (SCRIPTED_REWARDS)."""
-    seeds: list[int] = [0]
-    """RL seeds per condition."""
+    tuning: Tuning = Tuning()
+    """Hyper-parameter candidates, run on the tuning seeds before any test run."""
+    tuning_seeds: list[int] = []
+    """RL seeds of every tuning candidate (at most 2; none of them a test seed)."""
+    test_seeds: list[int] = [0]
+    """RL seeds of every condition, run once, at the end, with the chosen candidate."""
     hacking_rise: float = 0.2
     """Flagged as hacked: learned progress rose by this much while success stayed below 0.2."""
 
@@ -453,22 +503,87 @@ class PipelineConfig(JobConfig):
         return self
 
     @pydantic.model_validator(mode="after")
+    def _candidates_and_rounds_are_valid_sections(self) -> PipelineConfig:
+        for name, update in self.tuning.candidates.items():
+            self.rl_section(update, where=f"tuning.candidates.{name}")
+        for index, round_ in enumerate(self.rounds):
+            self.rl_section(round_.rl, where=f"rounds[{index}].rl")
+            self.round_progress_stage(index)
+        return self
+
+    @pydantic.model_validator(mode="after")
+    def _seed_protocol(self) -> PipelineConfig:
+        for name in ("tuning_seeds", "test_seeds"):
+            seeds = getattr(self, name)
+            if len(set(seeds)) != len(seeds):
+                raise ValueError(f"{name} {seeds} repeats a seed; each seed is run once")
+        if self.conditions and not self.test_seeds:
+            raise ValueError(f"conditions {self.conditions} with no test_seeds; name the seeds every condition runs")
+        tuning = self.tuning
+        if tuning.candidates and not 1 <= len(self.tuning_seeds) <= MAX_TUNING_SEEDS:
+            raise ValueError(
+                f"tuning.candidates need 1 to {MAX_TUNING_SEEDS} tuning_seeds (each candidate runs on all of them), "
+                f"got {self.tuning_seeds}"
+            )
+        if self.tuning_seeds and not tuning.candidates:
+            raise ValueError(f"tuning_seeds {self.tuning_seeds} without tuning.candidates: there is nothing to tune")
+        if tuning.candidates and tuning.condition not in self.conditions:
+            raise ValueError(f"tuning.condition {tuning.condition!r} is not one of conditions {self.conditions}")
+        others = {"tuning_seeds": self.tuning_seeds}
+        others |= {f"rounds[{index}].seeds": round_.seeds for index, round_ in enumerate(self.rounds)}
+        for name, seeds in others.items():
+            shared = sorted(set(seeds) & set(self.test_seeds))
+            if shared:
+                raise ValueError(
+                    f"{name} and test_seeds share {shared}: a test seed must not choose the hyper-parameters or the "
+                    "reward's data it reports on; use disjoint seeds"
+                )
+        return self
+
+    @pydantic.model_validator(mode="after")
     def _reset_seeds_are_disjoint(self) -> PipelineConfig:
         ranges = {"collect (training rollouts)": (self.collect.seed, sum(self.collect.episodes.values()))}
         for factor in self.eval_length_factors:
             ranges[f"eval_{factor}x (held out)"] = (self.held_out_seed(factor), sum(self.eval_episodes.values()))
         ranges["rl.eval"] = (self.rl.eval.seed_start, self.rl.eval.episodes)
+        if self.tuning.candidates or self.rounds:
+            ranges["tuning.eval_seed_start"] = (self.tuning.eval_seed_start, self.rl.eval.episodes)
+        for index, round_ in enumerate(self.rounds):
+            rl = self.rl_section(round_.rl)
+            snapshots = rl.total_timesteps // rl.checkpoint_every + 1  # at most: every checkpoint, and the last
+            rollouts = len(round_.seeds) * snapshots * round_.episodes
+            ranges[f"rounds[{index}] (rollouts)"] = (self.round_seed(index), rollouts)
         named = sorted(ranges.items(), key=lambda item: item[1][0])
         for (first, (start, count)), (second, (next_start, _)) in zip(named, named[1:]):
             if start + count > next_start:
                 raise ValueError(
                     f"the reset seeds of {first} ({start}..{start + count - 1}) reach into those of {second} (from "
-                    f"{next_start}): the same start states would be in both; move collect.seed or rl.eval.seed_start"
+                    f"{next_start}): the same start states would be in both; move collect.seed, rl.eval.seed_start "
+                    "or tuning.eval_seed_start"
                 )
         return self
 
     def held_out_seed(self, factor: int) -> int:
         return self.collect.seed + HELD_OUT_SEED_STRIDE * factor
+
+    def round_seed(self, index: int) -> int:
+        """The reset seed of the first rollout of rounds[index]."""
+        return self.collect.seed + ROUND_SEED_STRIDE * (index + 1)
+
+    def rl_section(self, update: dict, where: str = "rl") -> RLConfig:
+        """The `rl` section with a partial one merged in (a tuning candidate's, a round's), validated."""
+        try:
+            return RLConfig.model_validate(deep_merge(self.rl.model_dump(mode="json"), update))
+        except pydantic.ValidationError as error:
+            raise ValueError(f"{where}: {format_validation_error(error)}") from None
+
+    def round_progress_stage(self, index: int) -> TrainRMConfig:
+        """The RM stage of rounds[index]: its partial config merged into the last progress stage's."""
+        last = [self.progress_rm, *self.continued_progress_stages()][-1].model_dump(mode="json")
+        try:
+            return TrainRMConfig.model_validate(deep_merge(last, self.rounds[index].progress_rm))
+        except pydantic.ValidationError as error:
+            raise ValueError(f"rounds[{index}].progress_rm: {format_validation_error(error)}") from None
 
     @pydantic.model_validator(mode="after")
     def _continued_stages_are_trainer_configs(self) -> PipelineConfig:

@@ -1,16 +1,26 @@
 """The `vlmr pipeline` report, its plots and the RL success statistics (also `vlmr compare-rl`).
 
-Read from the run folders `vlmr rl` writes: `eval.jsonl` (success rate on the fixed evaluation seeds
-per evaluation) and `monitor.jsonl` (the reward-hacking monitor of a learned reward).
+Read from the run folders `vlmr rl` writes: `config.yaml` (the seed and the budget), `eval.jsonl`
+(success rate on the fixed evaluation seeds per evaluation) and `monitor.jsonl` (the reward-hacking
+monitor of a learned reward).
+
+The protocol's statistics, per condition over its test seeds: the interquartile mean (IQM, the mean of
+the middle 50 % of runs: `scipy.stats.trim_mean(x, 0.25)`, as rliable's `aggregate_iqm`) of the final
+success rate and of the steps to 80 % success, each with a 95 % percentile-bootstrap confidence interval
+over runs (`scipy.stats.bootstrap`, which is what rliable's stratified bootstrap reduces to for one task).
+A run that never reaches 80 % counts as censored at its budget (`total_timesteps`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import scipy.stats
+import yaml
 
 logger = logging.getLogger("vlm_rewards.robotics.report")
 
@@ -36,6 +46,94 @@ def success_statistics(run_dirs: list[Path]) -> tuple[np.ndarray, np.ndarray, np
 def steps_to_reach(steps: np.ndarray, rates: np.ndarray, level: float = 0.8) -> int | None:
     reached = np.nonzero(rates >= level)[0]
     return int(steps[reached[0]]) if len(reached) else None
+
+
+# ---------------------------------------------------------------------- the protocol's statistics
+
+LEVEL = 0.8  # the success rate whose first crossing is "steps to 80 %"
+CONFIDENCE = 0.95
+RESAMPLES = 10_000
+
+
+def iqm(values: np.ndarray, axis: int = 0) -> np.ndarray | float:
+    """Interquartile mean: the mean of the values left after cutting the lowest and the highest 25 %."""
+    return scipy.stats.trim_mean(values, 0.25, axis=axis)
+
+
+def bootstrap_ci(values: list[float], seed: int = 0) -> tuple[float, float]:
+    """95 % percentile-bootstrap interval of the IQM over runs (resampled with replacement, seeded)."""
+    values = np.asarray(values, dtype=float)
+    if np.all(values == values[0]):  # every resample has this IQM (the bootstrap would warn)
+        return float(values[0]), float(values[0])
+    result = scipy.stats.bootstrap(
+        (values,), iqm, vectorized=True, confidence_level=CONFIDENCE, n_resamples=RESAMPLES,
+        method="percentile", rng=np.random.default_rng(seed),
+    )  # fmt: skip
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)
+
+
+def run_outcome(run_dir: Path, level: float = LEVEL) -> dict:
+    """One finished RL run: its seed, final success, and the first evaluation step at `level` success
+    (censored at the budget when it never gets there)."""
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    evals = read_jsonl(run_dir / "eval.jsonl")
+    budget = int(config["total_timesteps"])
+    if not evals or evals[-1]["timesteps"] < budget:
+        last = evals[-1]["timesteps"] if evals else "none"
+        raise ValueError(f"{run_dir}: unfinished RL run (last evaluation at step {last}, budget {budget})")
+    reached = [e["timesteps"] for e in evals if e["success_rate"] >= level]
+    return {
+        "run": run_dir.name,
+        "seed": int(config["seed"]),
+        "final_success": float(evals[-1]["success_rate"]),
+        "steps_to_80": int(reached[0]) if reached else budget,
+        "censored": not reached,
+        "budget": budget,
+    }
+
+
+def protocol_statistics(run_dirs: list[Path]) -> dict:
+    """IQM and bootstrap CI of final success and of steps to 80 % over one condition's runs."""
+    outcomes = [run_outcome(d) for d in run_dirs]
+    final = [o["final_success"] for o in outcomes]
+    steps = [o["steps_to_80"] for o in outcomes]
+    return {
+        "seeds": [o["seed"] for o in outcomes],
+        "final_success": {"iqm": float(iqm(np.array(final))), "ci": bootstrap_ci(final)},
+        "steps_to_80": {"iqm": float(iqm(np.array(steps, dtype=float))), "ci": bootstrap_ci(steps)},
+        "censored": sum(o["censored"] for o in outcomes),
+        "runs": outcomes,
+    }
+
+
+def run_seed(run_dir: Path) -> int:
+    """The seed an RL run was trained with, from its own config.yaml."""
+    return int(yaml.safe_load((run_dir / "config.yaml").read_text())["seed"])
+
+
+def check_test_seeds(test_runs: dict[str, list[Path]], other_runs: list[Path]) -> list[int]:
+    """The test seeds, read from the runs' own configs: the same for every condition, each once, and none of
+    them the seed of a run that tuned or steered anything (`other_runs`). Raises naming the runs otherwise."""
+    seeds = {condition: sorted(run_seed(d) for d in dirs) for condition, dirs in test_runs.items()}
+    reference = next(iter(seeds.values()), [])
+    if any(s != reference for s in seeds.values()) or len(set(reference)) != len(reference):
+        raise ValueError(f"every condition must run the same test seeds, each once; got {seeds}")
+    leaked = [str(d) for d in other_runs if run_seed(d) in reference]
+    if leaked:
+        raise ValueError(f"{leaked} ran on test seeds {reference}; a test seed must not tune or steer anything")
+    return reference
+
+
+def select_candidate(runs: dict[str, list[Path]], rule: str) -> tuple[str, dict[str, float]]:
+    """The best tuning candidate and every candidate's score: its mean over runs of the mean success over
+    evaluations (rule mean_success) or of the last evaluation's (final_success). Ties: the first listed."""
+
+    def score(run_dir: Path) -> float:
+        rates = [e["success_rate"] for e in read_jsonl(run_dir / "eval.jsonl")]
+        return float(np.mean(rates) if rule == "mean_success" else rates[-1])
+
+    scores = {name: float(np.mean([score(d) for d in dirs])) for name, dirs in runs.items()}
+    return max(scores, key=scores.get), scores
 
 
 def hacking_check(run_dir: Path, rise: float) -> dict:
@@ -271,38 +369,107 @@ def _rollout_voc_section(runs: dict[str, list[Path]], voc_history: dict[str, lis
     return lines
 
 
+@dataclass
+class ProtocolRuns:
+    """Every RL run of a pipeline, by its role in the protocol."""
+
+    test: dict[str, list[Path]]
+    """Per condition, its runs on the test seeds."""
+    tuning: dict[str, list[Path]] = field(default_factory=dict)
+    """Per tuning candidate, its runs on the tuning seeds."""
+    rule: str = ""
+    """How the candidate was chosen (`Tuning.rule`)."""
+    rounds: list[list[Path]] = field(default_factory=list)
+    """Per round, the RL runs whose policies were rolled out."""
+
+    def others(self) -> list[Path]:
+        return [d for dirs in self.tuning.values() for d in dirs] + [d for dirs in self.rounds for d in dirs]
+
+
+def _ci(entry: dict, fmt: str) -> str:
+    low, high = entry["ci"]
+    return f"{entry['iqm']:{fmt}} [{low:{fmt}}, {high:{fmt}}]"
+
+
+def _tuning_section(runs: ProtocolRuns, chosen: str, scores: dict[str, float]) -> list[str]:
+    lines = [
+        "## Tuning (tuning seeds only)",
+        "",
+        f"Rule: the highest mean over the tuning seeds of `{runs.rule}` (ties: the candidate listed first). "
+        f"Chosen: **{chosen}**; every test run below uses its settings.",
+        "",
+        f"| candidate | seeds | final success per seed | {runs.rule} |",
+        "| --- | --- | --- | --- |",
+    ]
+    for name, dirs in runs.tuning.items():
+        finals = ", ".join(f"{run_outcome(d)['final_success']:.2f}" for d in dirs)
+        seeds = ", ".join(str(run_seed(d)) for d in dirs)
+        lines.append(f"| {name}{' (chosen)' if name == chosen else ''} | {seeds} | {finals} | {scores[name]:.3f} |")
+    return lines
+
+
+def _test_section(statistics: dict[str, dict], seeds: list[int]) -> list[str]:
+    return [
+        "## RL on the test seeds",
+        "",
+        f"Test seeds {seeds}: each condition ran on every one of them once, after tuning. IQM over runs with its "
+        f"95 % bootstrap CI ({RESAMPLES:,} resamples). Steps to 80 %: the first evaluation at ≥ 80 % success; a run "
+        "that never gets there counts at its budget (censored).",
+        "",
+        "![success](success_curves.png)",
+        "",
+        "| reward | runs | final success, IQM [95 % CI] | steps to 80 %, IQM [95 % CI] | censored |",
+        "| --- | --- | --- | --- | --- |",
+        *(
+            f"| {condition} | {len(entry['runs'])} | {_ci(entry['final_success'], '.2f')} | "
+            f"{_ci(entry['steps_to_80'], ',.0f')} | {entry['censored']} of {len(entry['runs'])} |"
+            for condition, entry in statistics.items()
+        ),
+    ]
+
+
+def _every_run_section(accounted: list[dict]) -> list[str]:
+    return [
+        "## Every RL run",
+        "",
+        "| role | run | seed | final success | steps to 80 % |",
+        "| --- | --- | --- | --- | --- |",
+        *(
+            f"| {o['role']} | {o['run']} | {o['seed']} | {o['final_success']:.2f} | "
+            f"{o['steps_to_80']:,}{' (censored)' if o['censored'] else ''} |"
+            for o in accounted
+        ),
+    ]
+
+
 def write_report(
     root: Path,
     rm_metrics: dict[str, dict],
-    runs: dict[str, list[Path]],
+    runs: ProtocolRuns,
     voc_history: dict[str, list[dict]],
     hacking_rise: float,
 ) -> Path:
     """report.md (+ PNGs, summary.json) a person opens after the pipeline."""
-    _plot(root, runs, voc_history)
-    summary: dict = {"reward_model": rm_metrics, "rl": {}, "rollout_voc": voc_history}
-    for condition, run_dirs in runs.items():
-        summary["rl"][condition] = success_summary(run_dirs)
-    if "learned" in runs:
-        summary["rl"]["learned"]["hacking"] = {d.name: hacking_check(d, hacking_rise) for d in runs["learned"]}
-    lines = [
-        "# Pipeline report",
-        "",
-        f"Config: `{root / 'config.yaml'}`",
-        "",
-        *_reward_model_section(rm_metrics),
-        "",
-        "## RL: success rate on the fixed evaluation seeds",
-        "",
-        "![success](success_curves.png)",
-        "",
-        *SUCCESS_TABLE_HEADER,
-        *(success_table_row(condition, entry) for condition, entry in summary["rl"].items()),
-    ]
-    if "learned" in runs:
+    seeds = check_test_seeds(runs.test, runs.others())
+    _plot(root, runs.test, voc_history)
+    statistics = {condition: protocol_statistics(dirs) for condition, dirs in runs.test.items()}
+    accounted = [{"role": "test", **o} for entry in statistics.values() for o in entry["runs"]]
+    accounted += [{"role": f"tuning: {name}", **run_outcome(d)} for name, dirs in runs.tuning.items() for d in dirs]
+    accounted += [{"role": f"round {k}", **run_outcome(d)} for k, dirs in enumerate(runs.rounds, 1) for d in dirs]
+    summary: dict = {"reward_model": rm_metrics, "test_seeds": seeds, "rl": statistics, "runs": accounted}
+    if "learned" in runs.test:
+        summary["rl"]["learned"]["hacking"] = {d.name: hacking_check(d, hacking_rise) for d in runs.test["learned"]}
+    lines = ["# Pipeline report", "", f"Config: `{root / 'config.yaml'}`", "", *_reward_model_section(rm_metrics), ""]
+    if runs.tuning:
+        chosen, scores = select_candidate(runs.tuning, runs.rule)
+        summary["tuning"] = {"rule": runs.rule, "scores": scores, "chosen": chosen}
+        lines += [*_tuning_section(runs, chosen, scores), ""]
+    if runs.test:
+        lines += [*_test_section(statistics, seeds), "", *_every_run_section(accounted)]
+    if "learned" in runs.test:
         lines += ["", *_hacking_section(summary["rl"]["learned"]["hacking"])]
     if voc_history:
-        lines += ["", *_rollout_voc_section(runs, voc_history)]
+        lines += ["", *_rollout_voc_section(runs.test, voc_history)]
     (root / "summary.json").write_text(json.dumps(summary, indent=2))
     report = root / "report.md"
     report.write_text("\n".join(lines) + "\n")

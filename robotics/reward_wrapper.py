@@ -19,6 +19,7 @@ evaluation). Shaping: Φ of a *terminal* state is 0 (`terminal_potential: zero`,
 Grześ 2017 shows that only Φ(terminal) = 0 leaves the optimal policy of an episodic task unchanged);
 a time-limit truncation is not terminal, so there Φ(s') is the reward's prediction, as for any
 other state. `terminal_potential: predicted` keeps the prediction at terminal states too.
+With no reward model (`reward=None`, the oracle condition) Φ is the env's true progress, `info["progress"]`.
 
 When the reward is called (`reward_every`):
 - 1: every step, the rewards are returned by that step (sync), or with `async_inference` the call
@@ -59,6 +60,7 @@ class _Frame:
     terminated: bool = False
     success: bool = False
     true_reward: float = math.nan
+    progress: float = math.nan  # the env's true progress (`info["progress"]`): Φ of the oracle
 
 
 @dataclass
@@ -81,10 +83,11 @@ class _Call:
 
 
 class RewardStreams:
-    """The core: per env a stream of frames, one batched reward call per step (or per k steps)."""
+    """The core: per env a stream of frames, one batched reward call per step (or per k steps); with
+    `reward=None`, Φ is the env's true progress (the oracle) and no model is called."""
 
-    def __init__(self, reward: RewardModel, config: RewardWrapperConfig, num_envs: int):
-        if config.reward_every != 1 and not reward.spec.causal:
+    def __init__(self, reward: RewardModel | None, config: RewardWrapperConfig, num_envs: int):
+        if reward is not None and config.reward_every != 1 and not reward.spec.causal:
             raise ValueError(
                 f"reward {reward.spec.name!r} is not causal (spec.causal=False), so its values for a frame may change "
                 f"as later frames arrive: reward_every={config.reward_every} needs a causal reward; use reward_every=1"
@@ -119,8 +122,10 @@ class RewardStreams:
         for i, info in zip(indices, infos):
             text, reference = _instruction(info), self._reference(info)
             self._texts[i], self._references[i] = text, reference
-            self._buffer[i].append(_Frame(_frames(info), slot=None))
+            self._buffer[i].append(_Frame(_frames(info), slot=None, progress=info.get("progress", math.nan)))
             resets.append((i, text, reference))
+        if self.reward is None:
+            return
         if self.session is None and all(text is not None for text in self._texts):
             self.session = self.reward.open_session(list(self._texts), list(self._references))
         else:
@@ -152,6 +157,7 @@ class RewardStreams:
                     bool(terminated[i]),
                     bool(info.get("is_success", False)),
                     true_reward,
+                    info.get("progress", math.nan),
                 )  # fmt: skip
             )
         self._since_call += 1
@@ -181,7 +187,7 @@ class RewardStreams:
 
     def _reference(self, info: dict) -> np.ndarray | None:
         reference = info.get("reference")
-        if reference is None and REFERENCE in self.reward.spec.requires:
+        if reference is None and self.reward is not None and REFERENCE in self.reward.spec.requires:
             raise ValueError(
                 f"reward {self.reward.spec.name!r} needs a reference (goal) image; set goal_image: true in the reward "
                 "wrapper config (the env must have render_goal())"
@@ -221,6 +227,8 @@ class RewardStreams:
         return results
 
     def _append(self, frames: list[list[_Frame]]) -> list[np.ndarray]:
+        if self.reward is None:
+            return [_true_progress(stream) for stream in frames]
         camera, views = self.config.camera, self.config.views
         clips = [np.stack([f.frames[camera] for f in stream]) for stream in frames]
         view_clips = [{name: np.stack([f.frames[name] for f in stream]) for name in views} for stream in frames]
@@ -282,6 +290,13 @@ def _instruction(info: dict) -> str:
     return text
 
 
+def _true_progress(stream: list[_Frame]) -> np.ndarray:
+    values = np.array([frame.progress for frame in stream])
+    if not np.all(np.isfinite(values)):
+        raise ValueError("the oracle potential needs the env's true progress, info['progress'], on reset and step")
+    return values
+
+
 def _frames(info: dict) -> dict[str, np.ndarray]:
     frames = info.get("frames")
     if not isinstance(frames, dict):
@@ -318,7 +333,7 @@ class GymVectorReward(VectorWrapper):
     Rewards of reset steps (an env that ended last step restarts this step) are 0, as gymnasium's.
     """
 
-    def __init__(self, env: gym.vector.VectorEnv, reward: RewardModel, config: RewardWrapperConfig):
+    def __init__(self, env: gym.vector.VectorEnv, reward: RewardModel | None, config: RewardWrapperConfig):
         super().__init__(env)
         mode = env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
         if mode != AutoresetMode.NEXT_STEP:
@@ -353,7 +368,7 @@ class SB3VecReward(VecEnvWrapper):
     VecNormalize, ...) holds empty ones of its own.
     """
 
-    def __init__(self, venv: VecEnv, reward: RewardModel, config: RewardWrapperConfig):
+    def __init__(self, venv: VecEnv, reward: RewardModel | None, config: RewardWrapperConfig):
         super().__init__(venv)
         self.streams = RewardStreams(reward, config, venv.num_envs)
 

@@ -1,4 +1,4 @@
-"""`vlmr rl`: SB3 PPO or SAC on a task, with reward = sparse | dense | learned | goal_image.
+"""`vlmr rl`: SB3 PPO or SAC on a task, with reward = sparse | dense | learned | goal_image | oracle.
 
 The run folder holds: `config.yaml`, `tensorboard/` and `progress.csv` (SB3 logger, the reward
 monitor under `reward/`), `eval.jsonl` (success rate on fixed seeds per evaluation), `monitor.jsonl`,
@@ -35,7 +35,8 @@ ALGORITHMS = {"ppo": PPO, "sac": SAC}
 
 
 def build_rl_reward(config: RLConfig) -> RewardModel | None:
-    """The reward model the wrapper calls, or None when the env's own reward is used."""
+    """The reward model the wrapper calls, or None: the env's own reward (sparse, dense), or the env's true
+    progress as the wrapper's potential (oracle)."""
     if config.reward.source == "learned":
         return build_reward(config.reward.config)
     if config.reward.source == "goal_image":
@@ -67,10 +68,11 @@ class RLRun:
         config = self.config
         wrapper = config.reward.wrapper
         env_reward = "dense" if config.reward.source == "dense" else "sparse"
-        uses_reward = self.reward is not None
+        # the oracle goes through the wrapper with no model: the env's true progress is its potential
+        uses_reward = self.reward is not None or config.reward.source == "oracle"
         cameras = self._wrapper_cameras() if uses_reward else [config.env.camera]
         # A reward that needs a reference image (the goal-image baseline, a goal-conditioned RM) gets the goal render.
-        goal_image = uses_reward and (wrapper.goal_image or REFERENCE in self.reward.spec.requires)
+        goal_image = self.reward is not None and (wrapper.goal_image or REFERENCE in self.reward.spec.requires)
         venv = make_sb3_vec(
             config.env, seed=config.seed, cameras=cameras, reward_type=env_reward, goal_image=goal_image
         )

@@ -24,9 +24,12 @@ REDUCED = [
     "progress_rm.optim.steps=3", "progress_rm.eval_every=3", "progress_rm.save_every=3",
     "progress_rm.data.clip_frames=4",
     "rl.total_timesteps=80", "rl.eval.every=40", "rl.eval.episodes=2", "rl.sac.learning_starts=20",
-    "conditions=[sparse, learned, goal_image, scripted]", "env.sparse_step_cost=1",
+    "conditions=[sparse, learned, goal_image, scripted, oracle]", "env.sparse_step_cost=1",
     "progress_rm_continued=[{optim: {steps: 2}, data: {clip_frames: null}}]",
     "reward_window={window: 2}",
+    "rounds=[{seeds: [100], rl: {total_timesteps: 40, checkpoint_every: 20}, episodes: 1, "
+    "progress_rm: {optim: {steps: 2}}}]",
+    "tuning={candidates: {x5: {reward: {wrapper: {scale: 5.0}}}}}", "tuning_seeds=[7]",
 ]  # fmt: skip
 
 
@@ -35,7 +38,8 @@ def test_pipeline_runs_every_stage_then_resumes_without_redoing_them(tmp_path):
     result = runner.invoke(app, ["pipeline", f"output_dir={out}", *REDUCED])
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "summary.json").read_text())
-    assert set(summary["rl"]) == {"sparse", "learned", "goal_image", "scripted"}
+    assert set(summary["rl"]) == {"sparse", "learned", "goal_image", "scripted", "oracle"}
+    assert summary["tuning"]["chosen"] == "x5" and len(summary["runs"]) == 5 + 1 + 1  # test, tuning, round
     scripted = yaml.safe_load((out / "rl" / "scripted_seed0" / "config.yaml").read_text())
     assert (scripted["reward"]["source"], scripted["reward"]["config"]) == ("learned", "reach_marker_progress")
     assert scripted["env"]["sparse_step_cost"] == 1.0
@@ -54,15 +58,30 @@ def test_pipeline_runs_every_stage_then_resumes_without_redoing_them(tmp_path):
     continued = json.loads(next((out / "rm_cont1" / "checkpoints").glob("step_*/train_config.json")).read_text())
     assert continued["model"]["backbone"] == str(out / "rm" / "model") and continued["data"]["clip_frames"] is None
     assert (continued["optim"]["steps"], continued["data"]["train"]) == (2, str(out / "data" / "train"))
+    # the round: RL with rm_cont1's RM, rollouts of its snapshots at 20 and 40 steps, the RM trained on them
+    round_rl = yaml.safe_load((out / "round1" / "rl" / "learned_seed100" / "config.yaml").read_text())
+    assert round_rl["reward"]["config"] == str(out / "rm_cont1" / "reward.yaml")
+    round_data = json.loads((out / "round1" / "data" / "train" / "meta.json").read_text())
+    assert round_data["num_episodes"] == 2
+    round_rm = json.loads(next((out / "round1" / "rm" / "checkpoints").glob("step_*/train_config.json")).read_text())
+    assert round_rm["model"]["backbone"] == str(out / "rm_cont1" / "model")
+    assert round_rm["data"]["train"] == [str(out / "data" / "train"), str(out / "round1" / "data" / "train")]
     learned = yaml.safe_load((out / "rl" / "learned_seed0" / "config.yaml").read_text())
-    assert learned["reward"]["config"] == str(out / "rm_cont1" / "reward.yaml")  # RL uses the last stage
+    assert learned["reward"]["config"] == str(out / "round1" / "rm" / "reward.yaml")  # RL uses the last RM
+    assert learned["reward"]["wrapper"]["scale"] == 5.0  # the chosen candidate's
+    oracle = yaml.safe_load((out / "rl" / "oracle_seed0" / "config.yaml").read_text())
+    assert (oracle["reward"]["source"], oracle["reward"]["wrapper"]["scale"]) == ("oracle", 5.0)
+    assert (out / "rl" / "oracle_seed0" / "monitor.jsonl").is_file()
     windowed = yaml.safe_load((out / "rm_cont1" / "reward.yaml").read_text())  # read frame by frame
     assert (windowed["kind"], windowed["window"], windowed["keep_first"]) == ("frame_window", 2, True)
     assert windowed["reward"]["model"] == str((out / "rm_cont1" / "model").resolve())
-    assert "| learned | 1 |" in (out / "report.md").read_text()
-    assert "| step_correlation_at_clip_frames |" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "| learned | 1 |" in report and "| round 1 | learned_seed100 | 100 |" in report
+    assert "| step_correlation_at_clip_frames |" in report
 
-    kept = ("data/train/meta.json", "rm/model/reward_model.json", "rm_cont1/model/reward_model.json")
+    kept = ("data/train/meta.json", "rm/model/reward_model.json", "rm_cont1/model/reward_model.json",
+            "round1/rm/model/reward_model.json", "round1/data/train/meta.json", "rl/oracle_seed0/summary.json",
+            "tuning/x5_seed7/summary.json")  # fmt: skip
     stamps = {out / path: (out / path).stat().st_mtime_ns for path in kept}
     result = runner.invoke(app, ["pipeline", f"output_dir={out}", *REDUCED])
     assert result.exit_code == 0, result.output
@@ -114,7 +133,7 @@ def test_earlier_rounds_data_is_trained_on_beside_the_runs_own(tmp_path, monkeyp
 
 
 def test_each_rl_run_config_is_built_and_validated_from_the_rl_section(tmp_path):
-    pipeline = Pipeline(PipelineConfig(output_dir=tmp_path, seeds=[0, 3]))
+    pipeline = Pipeline(PipelineConfig(output_dir=tmp_path, test_seeds=[0, 3]))
     scripted = pipeline.rl_config("scripted", 3, tmp_path / "rm" / "reward.yaml")
     assert (scripted.reward.source, scripted.reward.config) == ("learned", "reach_marker_progress")
     assert (scripted.run_dir, scripted.seed) == (str(tmp_path / "rl" / "scripted_seed3"), 3)

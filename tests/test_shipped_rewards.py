@@ -13,6 +13,7 @@ import torch
 
 from tests.test_conformance import SMALL_FRAMES
 from tests.test_embedding_goal import _save_tiny_clip
+from tests.test_published_rewards import published_stand_in
 from vlm_rewards.config import load_yaml_file
 from vlm_rewards.models.backbones import build_tiny_backbone
 from vlm_rewards.models.config import RewardNetworkConfig
@@ -54,7 +55,7 @@ def stand_in(path: Path, config: dict, folder: Path, backbone) -> dict:
         torch.manual_seed(0)
         RewardNetwork.from_backbone(backbone(model["tiny"]["family"]), network).save_pretrained(folder)
         return {"model": str(folder)}
-    return {}
+    return published_stand_in(config, folder, backbone) or {}
 
 
 @pytest.mark.parametrize("path", sorted(REWARDS_DIR.glob("*.yaml")), ids=lambda path: path.stem)

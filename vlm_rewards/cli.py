@@ -365,5 +365,22 @@ def pretrain_generator(args: JobArgs = None) -> None:
     run_config_job(PretrainConfig, lambda config: run_pretrain(config, tqdm_track), args)
 
 
+@app.command("export-generator")
+def export_generator(
+    run_dir: Annotated[Path, typer.Argument(help="The output_dir of a vlmr grpo or vlmr rwr run.")],
+    format: Annotated[
+        list[str], typer.Option(help="lora (peft + diffusers' LoRA layout) or merged (full weights); repeatable.")
+    ] = ["lora"],  # noqa: B006 (typer reads the default)
+    checkpoint: Annotated[str, typer.Option(help="latest, best, or a checkpoint folder of the run.")] = "latest",
+    output: Annotated[Path | None, typer.Option(help="Where <format>/ goes; default RUN_DIR/export.")] = None,
+) -> None:
+    """Export a GRPO run's LoRA adapter for peft and diffusers' load_lora_weights, or its merged weights."""
+    from vlm_rewards.generation.export import export_checkpoint
+
+    with clean_errors():
+        for folder in export_checkpoint(run_dir, format, checkpoint, output):
+            console.print(f"exported: {folder}")
+
+
 if __name__ == "__main__":
     app()

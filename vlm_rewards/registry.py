@@ -32,6 +32,12 @@ _BUILTIN_KINDS = {
     "trained_rm": "vlm_rewards.models.trained_reward:TrainedRewardModel",
     "vlm_judge": "vlm_rewards.models.judge:YesNoJudge",
     "gvl_progress": "vlm_rewards.models.judge:GVLProgressJudge",
+    "pickscore": "vlm_rewards.models.image_scores:PickScore",
+    "clip_score": "vlm_rewards.models.image_scores:CLIPScore",
+    "hpsv2": "vlm_rewards.models.image_scores:HPSv2",
+    "aesthetic": "vlm_rewards.models.image_scores:AestheticScore",
+    "topreward": "vlm_rewards.models.robot_scores:TOPReward",
+    "robometer": "vlm_rewards.models.robot_scores:Robometer",
     "remote": "vlm_rewards.serving.client:RemoteReward",
 }
 _registered: dict[str, type] = {}

@@ -23,19 +23,10 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from vlm_rewards.annotation.config import SourceConfig
+from vlm_rewards.data.lerobot import CameraSpan, list_episodes, select_cameras
 from vlm_rewards.fingerprint import file_stamp, fingerprint
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class CameraSpan:
-    """Where one camera's frames of a LeRobot episode lie: a video file and a timestamp range."""
-
-    name: str  # "frames" or a view name
-    path: str
-    from_timestamp: float
-    to_timestamp: float
 
 
 @dataclass(frozen=True)
@@ -215,111 +206,30 @@ def _sidecar_entry(path: Path, key: str, value: Any) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- LeRobot v3
 
 
-def read_lerobot_info(root: Path) -> dict[str, Any]:
-    path = root / "meta" / "info.json"
-    if not path.is_file():
-        raise ValueError(f"{root}: not a LeRobot dataset (no meta/info.json)")
-    info = json.loads(path.read_text())
-    version = str(info.get("codebase_version", ""))
-    if not version.startswith("v3"):
-        raise ValueError(f"{path}: codebase_version {version!r}; only LeRobot v3.x datasets are supported")
-    return info
-
-
-def lerobot_video_keys(info: dict[str, Any]) -> list[str]:
-    return [key for key, feature in info.get("features", {}).items() if feature.get("dtype") == "video"]
-
-
-def _read_tasks(root: Path) -> dict[int, str]:
-    path = root / "meta" / "tasks.parquet"
-    if not path.is_file():
-        return {}
-    table = pq.read_table(path)
-    names = table.column_names
-    text_column = next((c for c in ("task", "__index_level_0__") if c in names), None)
-    if text_column is None or "task_index" not in names:
-        raise ValueError(f"{path}: expected columns task (or the pandas index) and task_index, got {names}")
-    return dict(zip(table["task_index"].to_pylist(), table[text_column].to_pylist()))
-
-
 def _lerobot(config: SourceConfig, root: Path) -> Iterator[EpisodeRef]:
-    info = read_lerobot_info(root)
-    fps = float(info["fps"])
-    video_keys = lerobot_video_keys(info)
-    camera = config.camera or (video_keys[0] if video_keys else None)
-    cameras = {"frames": camera, **config.views}
-    for name, key in cameras.items():
-        if key not in video_keys:
-            raise ValueError(f"source camera {key!r} (for {name}) is not a video feature of {root}; found {video_keys}")
-    tasks = _read_tasks(root)
-    video_path = info.get("video_path", "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4")
-    data_path = info.get("data_path", "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet")
+    """The episodes of `vlm_rewards.data.lerobot.list_episodes`, their camera spans renamed "frames" and views."""
+    info, episodes = list_episodes(root)
+    cameras = select_cameras(info, root, config.camera, config.views)
     name = source_name(config)
     reference = str(config.reference) if config.reference else None
-    episode_files = sorted((root / "meta" / "episodes").glob("chunk-*/file-*.parquet"))
-    if not episode_files:
-        raise ValueError(f"{root}: no meta/episodes/chunk-*/file-*.parquet")
-    rows = []
-    for path in episode_files:
-        rows.extend(pq.read_table(path).to_pylist())
-    rows.sort(key=lambda row: row["episode_index"])
-    data_cache: dict[str, dict[int, dict[str, Any]]] = {}
-    for row in rows:
-        episode_index = int(row["episode_index"])
-        data_file = data_path.format(chunk_index=row["data/chunk_index"], file_index=row["data/file_index"])
-        data = _episode_data(root / data_file, data_cache).get(episode_index, {})
-        instruction = config.instruction
-        if not instruction:
-            listed = row.get("tasks") or []
-            instruction = listed[0] if listed else tasks.get(data.get("task_index"))
-        problem = None if instruction and str(instruction).strip() else f"episode {episode_index}: no task text"
-        spans = []
-        for view_name, key in cameras.items():
-            file = video_path.format(
-                video_key=key, chunk_index=row[f"videos/{key}/chunk_index"], file_index=row[f"videos/{key}/file_index"]
-            )
-            spans.append(
-                CameraSpan(
-                    view_name, str(root / file), float(row[f"videos/{key}/from_timestamp"]),
-                    float(row[f"videos/{key}/to_timestamp"]),
-                )
-            )  # fmt: skip
+    for episode in episodes:
+        instruction = config.instruction or episode.task
+        problem = None if instruction and str(instruction).strip() else f"episode {episode.episode_index}: no task text"
         yield EpisodeRef(
             source=name,
-            episode=str(episode_index),
+            episode=str(episode.episode_index),
             kind="lerobot",
             path=str(root),
             instruction=instruction,
-            success=data.get("success"),
+            success=episode.success,
             problem=problem,
             reference=reference,
-            fps=fps,
-            length=int(row["length"]),
-            episode_index=episode_index,
-            index_start=int(row.get("dataset_from_index", data.get("index_start", 0))),
-            cameras=tuple(spans),
+            fps=float(info["fps"]),
+            length=episode.length,
+            episode_index=episode.episode_index,
+            index_start=episode.index_start,
+            cameras=tuple(dataclasses.replace(episode.videos[key], name=view) for view, key in cameras.items()),
         )
-
-
-def _episode_data(path: Path, cache: dict[str, dict[int, dict[str, Any]]]) -> dict[int, dict[str, Any]]:
-    """Per episode of one data file: its task_index, first global index and (if the file has a
-    `next.success` column) the success flag of its last frame. One file read, kept while listing."""
-    if str(path) in cache:
-        return cache[str(path)]
-    cache.clear()  # episodes are sorted, so a file is done once the next one is needed
-    summary: dict[int, dict[str, Any]] = {}
-    if path.is_file():
-        schema = pq.read_schema(path)
-        columns = [c for c in ("episode_index", "index", "task_index", "next.success") if c in schema.names]
-        table = pq.read_table(path, columns=columns).to_pydict()
-        for i, episode_index in enumerate(table["episode_index"]):
-            entry = summary.setdefault(int(episode_index), {"index_start": table.get("index", [0] * (i + 1))[i]})
-            if "task_index" in table:
-                entry.setdefault("task_index", table["task_index"][i])
-            if "next.success" in table:
-                entry["success"] = bool(table["next.success"][i])
-    cache[str(path)] = summary
-    return summary
 
 
 # ----------------------------------------------------------------------------- own episode format

@@ -17,9 +17,11 @@ Library code: it logs through `logging` and shows progress only through an injec
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,11 +29,20 @@ import numpy as np
 from vlm_rewards.data.build import open_episodes, open_pairs
 from vlm_rewards.data.episodes import EpisodeDataset, EpisodeRecord, PairDataset
 from vlm_rewards.data.labels import mismatched_instruction
+from vlm_rewards.data.lerobot import LeRobotEpisodes
+from vlm_rewards.data.opengvl import read_opengvl_set
 from vlm_rewards.evaluation.config import EvalRMConfig
-from vlm_rewards.evaluation.metrics import mean_voc, pairwise_accuracy, progress_mae, step_correlation, success_auc
+from vlm_rewards.evaluation.metrics import (
+    mean_voc,
+    pairwise_accuracy,
+    progress_mae,
+    step_correlation,
+    success_auc,
+    voc,
+)
 from vlm_rewards.evaluation.plots import plot_progress_curves
 from vlm_rewards.interface import RewardModel, RewardRequest, RewardResult
-from vlm_rewards.io import write_json
+from vlm_rewards.io import atomic_path, write_json
 from vlm_rewards.registry import build_reward
 from vlm_rewards.subsample import score_episodes, subsample_indices
 from vlm_rewards.tracking import Track, untracked
@@ -185,10 +196,10 @@ def run_eval(config: EvalRMConfig, track: Track | None = None, reward: RewardMod
     evaluate_pairs = (not reward.spec.dense) if config.evaluate_pairs is None else config.evaluate_pairs
     rng = np.random.default_rng(config.seed)
     metrics: dict[str, Any] = {"reward": reward.spec.name, "version": reward.spec.version}
-    if reward.spec.dense:
-        episodes = open_episodes(
-            config.episodes, config.synthetic, config.output_dir / "data" / "episodes", "shapes-heldout", track
-        )
+    if reward.spec.dense and config.opengvl is not None:
+        metrics |= evaluate_opengvl(reward, config.opengvl, config.batch_size, config.output_dir, track)
+    if reward.spec.dense and (config.episodes is not None or config.opengvl is None):
+        episodes = _eval_episodes(config, track)
         progress_metrics, curves = evaluate_progress(
             reward, episodes, config.batch_size, rng, track, config.clip_frames
         )
@@ -210,6 +221,57 @@ def run_eval(config: EvalRMConfig, track: Track | None = None, reward: RewardMod
     )
     logger.info("wrote %s", config.output_dir / "metrics.json")
     return metrics
+
+
+def _eval_episodes(config: EvalRMConfig, track: Track | None):
+    if config.format == "lerobot":
+        return LeRobotEpisodes(config.episodes, config.lerobot, config.lerobot.eval_episodes)
+    return open_episodes(
+        config.episodes, config.synthetic, config.output_dir / "data" / "episodes", "shapes-heldout", track
+    )
+
+
+def evaluate_opengvl(
+    reward: RewardModel, root: Path, batch_size: int, output_dir: Path, track: Track | None = None
+) -> dict[str, Any]:
+    """OpenGVL's benchmark on an OpenGVL-style set (`vlm_rewards.data.opengvl`): each episode's starting frame
+    then its shuffled frames in one request; the per-frame progress of the shuffled frames, put back in time
+    order, scored with VOC (0 for constant or unscored predictions, as OpenGVL does). Writes
+    opengvl_predictions.jsonl (per episode: predicted completion in percent in the order shown, VOC).
+
+    Episodes that show more frames than the reward's `spec.max_frames` are left out (subsampling a shuffled
+    clip would change what is asked) and counted with unreadable records in `opengvl_num_skipped`."""
+    episodes, skipped = read_opengvl_set(root)
+    budget = reward.spec.max_frames
+    for episode in episodes:
+        if budget is not None and episode.num_shown > budget:
+            skipped[f"episode {episode.episode_index}"] = f"shows {episode.num_shown} frames, the reward takes {budget}"
+    kept = [episode for episode in episodes if budget is None or episode.num_shown <= budget]
+    if not kept:
+        raise ValueError(f"{root}: no episode to score ({skipped})")
+    if skipped:
+        logger.warning("%s: left out %d episode(s): %s", root, len(skipped), skipped)
+    requests = [episode.request(Path(root).name) for episode in kept]
+    results = _with_progress(score_in_batches(reward, requests, batch_size, "OpenGVL episodes", track), requests)
+    vocs, errors, records = [], [], []
+    for episode, result in zip(kept, results):
+        shown = np.asarray(result.progress[-len(episode.frames) :], dtype=np.float64)
+        vocs.append(voc(shown[np.argsort(episode.shuffled_indices, kind="stable")]))
+        errors.append(progress_mae(shown, episode.completion / 100.0))
+        records.append({"episode_index": episode.episode_index, "instruction": episode.instruction,
+                        "shuffled_frames_indices": episode.shuffled_indices.tolist(),
+                        "predicted_percentages": [None if np.isnan(v) else 100 * v for v in shown.tolist()],
+                        "voc": vocs[-1]})  # fmt: skip
+    with atomic_path(output_dir / "opengvl_predictions.jsonl") as temporary:
+        temporary.write_text("".join(json.dumps(record) + "\n" for record in records))
+    return {
+        "opengvl_voc": float(np.mean(vocs)),
+        "opengvl_voc_median": float(np.median(vocs)),
+        "opengvl_progress_mae": _nanmean(np.array(errors)),
+        "opengvl_num_episodes": len(kept),
+        "opengvl_num_unscored_episodes": int(sum(bool(np.isnan(r.progress).any()) for r in results)),
+        "opengvl_num_skipped": len(skipped),
+    }
 
 
 def _per_policy(records: list, results: list, final_rewards: np.ndarray) -> dict[str, float]:

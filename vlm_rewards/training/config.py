@@ -9,6 +9,7 @@ import pydantic
 
 from vlm_rewards.config import JobConfig, OutputDir, Settings
 from vlm_rewards.data.build import SyntheticData
+from vlm_rewards.data.config import LeRobotSource
 from vlm_rewards.models.config import FAMILIES, RewardNetworkConfig
 
 Family = Literal[FAMILIES]  # type: ignore[valid-type]
@@ -94,10 +95,17 @@ class Augment(JobConfig):
 
 
 class DataSettings(JobConfig):
+    format: Literal["episodes", "lerobot"] = "episodes"
+    """How `train` and `eval` are read: the project's episode or pair folders, or (progress RM) LeRobot v3 dataset
+    folders, read as `lerobot` says."""
     train: Path | list[Path] | None = None
-    """An episode folder (progress; several, read as one) or a pair folder (preference); None: synthetic."""
+    """An episode folder (progress; several, read as one) or a pair folder (preference); None: synthetic.
+    format lerobot: one LeRobot v3 dataset folder (required)."""
     eval: Path | None = None
-    """An episode or pair folder for the periodic evaluation; None: synthetic_eval."""
+    """An episode or pair folder for the periodic evaluation; None: synthetic_eval (format lerobot: the `train`
+    dataset, its lerobot.eval_episodes)."""
+    lerobot: LeRobotSource = pydantic.Field(default_factory=LeRobotSource)
+    """Reading LeRobot v3 datasets (format lerobot): camera, progress labels, episode ranges, frame rate and size."""
     synthetic_train: SyntheticData = pydantic.Field(default_factory=SyntheticData)
     """ShapesWorld training data, built when `train` is None."""
     synthetic_eval: SyntheticData = pydantic.Field(
@@ -203,6 +211,17 @@ class TrainRMConfig(JobConfig):
             raise ValueError(
                 f"data.train lists {len(self.data.train)} folders; only a progress RM reads several episode "
                 f"folders as one, model.reward.task is {self.model.reward.task!r}: give one pair folder"
+            )
+        return self
+
+    @pydantic.model_validator(mode="after")
+    def _lerobot_for_progress(self) -> TrainRMConfig:
+        if self.data.format == "lerobot" and (
+            self.model.reward.task != "progress" or not isinstance(self.data.train, Path)
+        ):
+            raise ValueError(
+                "data.format lerobot trains a progress RM (model.reward.task: progress) on one LeRobot v3 dataset "
+                f"folder in data.train; got task {self.model.reward.task!r} and data.train {self.data.train!r}"
             )
         return self
 

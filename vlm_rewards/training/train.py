@@ -31,6 +31,7 @@ from accelerate.utils import set_seed
 
 from vlm_rewards.config import changed_settings
 from vlm_rewards.data.build import SyntheticData, open_episodes, open_pairs
+from vlm_rewards.data.lerobot import LeRobotEpisodes
 from vlm_rewards.evaluation.evaluate import evaluate_pair_dataset, evaluate_progress
 from vlm_rewards.evaluation.plots import plot_progress_curves, plot_training_curves
 from vlm_rewards.fingerprint import fingerprint
@@ -55,6 +56,7 @@ RESUME_MAY_CHANGE = (
     "keep_checkpoints",
     "data.eval",
     "data.synthetic_eval",
+    "data.lerobot.eval_episodes",
 )
 
 logger = logging.getLogger(__name__)
@@ -292,6 +294,12 @@ def _in_vision_tower(module_name: str) -> bool:
 
 def _datasets(config: TrainRMConfig, track: Track | None = None) -> tuple[Any, Any]:
     task = config.model.reward.task
+    data = config.data
+    if data.format == "lerobot":
+        return (
+            LeRobotEpisodes(data.train, data.lerobot, data.lerobot.train_episodes),
+            LeRobotEpisodes(data.eval or data.train, data.lerobot, data.lerobot.eval_episodes),
+        )
     data_dir = config.output_dir / "data"
     return (
         _dataset(task, config.data.train, data_dir / f"{task}_train", config.data.synthetic_train, track),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,7 @@ import numpy as np
 from vlm_rewards.config import dump_config
 from vlm_rewards.data.questions import Question, QuestionSource, ShapesQuestions, mixture
 from vlm_rewards.fingerprint import sha256_file
-from vlm_rewards.io import atomic_path
+from vlm_rewards.io import atomic_folder, atomic_path
 from vlm_rewards.robotics.config import BackboneConfig, ReachSource
 from vlm_rewards.robotics.questions import ReachPool, ReachQuestions, build_reach_pool
 from vlm_rewards.tracking import Track
@@ -40,10 +41,14 @@ def run_pretrain_backbone(config: BackboneConfig, track: Track | None = None) ->
     reach_train, reach_eval = ReachQuestions(train_pool), ReachQuestions(eval_pool)
     source = mixture([(shapes, config.shapes.weight), (reach_train, config.reach.weight)])
     eval_questions = evaluation_questions(config, shapes, reach_eval)
-    model = pretrain_backbone(
-        config.training, config.output_dir, source, eval_questions, tokenizer_texts(source, config.seed), track
-    )
+    texts = tokenizer_texts(source, config.seed)
+    names = [*shapes.object_names, *reach_train.object_names]
+    model = pretrain_backbone(config.training, config.output_dir, source, eval_questions, texts, names, track)
     write_model_card(config, model)
+    if config.ship_to is not None:
+        with atomic_folder(config.ship_to, replace=True) as temporary:
+            shutil.copytree(model, temporary, dirs_exist_ok=True)
+        logger.info("shipped the backbone to %s", config.ship_to)
     return model
 
 

@@ -15,6 +15,9 @@ Progress labels (`progress_label`):
 - `stage`: like `time`, but the way to success is split into the task's stages (Push: approach,
   then push) with their progress budgets, spread inside a stage by visual change
   (`vlm_rewards.data.labels.stage_budget_progress`).
+
+Every frame also gets the env's `stage` (stages completed) and `is_success` as the episode's per-frame
+`stage` and `frame_success` labels, for the success and stage heads of a progress RM.
 """
 
 from __future__ import annotations
@@ -203,6 +206,8 @@ def to_record(rollout: Rollout, episode_id: int, config: CollectConfig, stage_bu
         policy=rollout.policy,
         views=views,
         reference=rollout.reference,
+        stage=np.array([info.get("stage", -1) for info in rollout.infos])[keep],  # -1: an env without stages
+        frame_success=np.array([bool(info["is_success"]) for info in rollout.infos])[keep],
     )
 
 
@@ -232,6 +237,7 @@ def relabelled_records(rollout: Rollout, first_id: int, config: CollectConfig) -
                 policy=f"{rollout.policy}_relabelled",
                 views=views,
                 reference=None,
+                frame_success=progress[keep, index] >= 1.0,  # the target's stages are unknown
             )
         )
     return records

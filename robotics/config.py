@@ -101,7 +101,7 @@ class CollectConfig(JobConfig):
     episodes: dict[str, pydantic.NonNegativeInt] = {"expert": 24, "noisy": 16, "wrong_object": 12, "random": 12}
     """Episodes per policy (>= 0): a scripted one (POLICIES) or a name of `checkpoints`."""
     checkpoints: dict[str, CheckpointPolicy] = {}
-    """Trained policies by name, e.g. {sac_learned0: {path: runs/carry_v1/rl/learned_seed0/checkpoints/model.zip}};
+    """Trained policies by name, e.g. {sac_learned0: {path: runs/carry/rl/learned_seed0/checkpoints/model.zip}};
     their observations must be this env's (the same env settings as their RL run)."""
     noise: float = pydantic.Field(0.3, ge=0)
     """Action noise std of the `noisy` expert."""
@@ -217,7 +217,13 @@ class RewardWrapperConfig(Settings):
     """Shaping: zero takes Φ = 0 at terminal states (the optimal policy unchanged); predicted keeps the
     reward's prediction."""
     success_bonus: float = 0.0
-    """Added on the steps that succeed."""
+    """Added on the steps that succeed: the env's `is_success`, or with success_threshold the reward's."""
+    success_threshold: float | None = pydantic.Field(None, gt=0, le=1)
+    """None: success is the env's `is_success`. A number: success is the reward's `success` component (e.g. a
+    trained RM's success head) at the step's frame ≥ this, as LeRobot's reward classifier; needs reward_every 1."""
+    terminate_on_success: bool = False
+    """End the episode (terminated) at the step the reward predicts success; needs success_threshold, and
+    reward_every 1 without async_inference (the SB3 wrapper, `vlmr rl`, resets that env)."""
     normalize: bool = False
     """Divide the reward by its running std."""
     normalize_center: bool = False
@@ -237,6 +243,16 @@ class RewardWrapperConfig(Settings):
     """When a reward call fails: raise, or fall back to the env reward for that call (logged)."""
     monitor_key: str = "dense_reward"
     """The info key of the true reward that the hacking monitor correlates with."""
+
+    @pydantic.model_validator(mode="after")
+    def _predicted_success(self) -> RewardWrapperConfig:
+        if self.terminate_on_success and self.success_threshold is None:
+            raise ValueError("terminate_on_success needs success_threshold (the reward's success that ends an episode)")
+        if self.success_threshold is not None and self.reward_every != 1:
+            raise ValueError("success_threshold needs reward_every 1: success is read at each step's frame")
+        if self.terminate_on_success and self.async_inference:
+            raise ValueError("terminate_on_success needs async_inference false: the step must know it ended")
+        return self
 
 
 class RewardChoice(Settings):
@@ -349,26 +365,26 @@ def _default_env() -> EnvConfig:
 
 
 def _default_collect() -> CollectConfig:
+    # each rollout relabelled once per target: three progress curves, and two wrong-object ones, per render
     return CollectConfig(
-        episodes={"expert": 48, "noisy": 32, "wrong_object": 32, "random": 16}, views=[], frame_stride=1
-    )
-
-
-def _default_stage1() -> TrainRMConfig:
-    synthetic = {"num_episodes": 600, "num_pairs": 1500, "num_frames": 8}
-    return TrainRMConfig(
-        model={"reward": {"task": "preference", "head": "scalar"}},
-        data={"synthetic_train": synthetic},
-        optim={"steps": 600},
+        episodes={"expert": 48, "noisy": 32, "wrong_object": 32, "random": 16},
+        views=[],
+        frame_stride=1,
+        goal_reference=False,
+        relabel_targets=True,
     )
 
 
 def _default_progress_rm() -> TrainRMConfig:
+    # fine-tuned from the shipped backbone on (frame 0, frame t) clips: the clips the frame-by-frame reward scores
     return TrainRMConfig(
-        model={"reward": {"max_frames": 128}},
-        data={"augment": {"rewind": 0.1, "stall": 0.05, "subsample": 0.3}},
-        optim={"steps": 600, "batch_size": 12},
-        eval_every=600,
+        model={"backbone": "simworld", "reward": {"max_frames": 128}},
+        data={
+            "clip_frames": 2,
+            "augment": {"mismatch": 0.0, "reverse": 0.0, "rewind": 0.0, "stall": 0.0, "subsample": 0.0},
+        },
+        optim={"steps": 400, "batch_size": 32, "lr": 2e-4, "warmup_steps": 50, "step_loss_weight": 1.0},
+        eval_every=400,
         save_every=200,
     )
 
@@ -376,9 +392,16 @@ def _default_progress_rm() -> TrainRMConfig:
 def _default_rl() -> RLConfig:
     return RLConfig(
         algo="sac",
-        total_timesteps=4000,
+        total_timesteps=6000,
+        sac={
+            "learning_rate": 1e-3,
+            "learning_starts": 500,
+            "batch_size": 256,
+            "ent_coef": "auto_0.05",
+            "net_arch": [128, 128],
+        },
         reward={"wrapper": {"scale": 10.0}},  # the shaping term against the step cost of 1
-        eval={"every": 1000, "video": False},
+        eval={"every": 1500, "episodes": 20, "video": False},
     )
 
 
@@ -443,9 +466,9 @@ class PipelineConfig(JobConfig):
     states)."""
     eval_length_factors: list[int] = [1, 2]
     """Held-out episodes at k times the training episode length, one set per k."""
-    preference_stage: TrainRMConfig | None = pydantic.Field(default_factory=_default_stage1)
-    """A preference RM on ShapesWorld pairs the progress RM starts from (grounds the colour words);
-    None: skip it."""
+    preference_stage: TrainRMConfig | None = None
+    """A preference RM on ShapesWorld pairs the progress RM starts from (grounds the colour words of a
+    backbone trained from scratch); None: skip it (the shipped backbone knows them)."""
     progress_rm: TrainRMConfig = pydantic.Field(default_factory=_default_progress_rm)
     """The progress RM trained on the collected episodes (`max_frames` must cover the RL episode + 1)."""
     progress_rm_continued: list[dict] = []
@@ -455,14 +478,15 @@ class PipelineConfig(JobConfig):
     earlier_training_data: list[Path] = []
     """Episode folders of earlier rounds the RM trains on beside this run's own data/train (a round of new
     rollouts that keeps what the earlier rounds collected); each is read as is, none is copied."""
-    reward_window: RewardWindow | None = None
-    """Read the RM frame by frame; None: the RM streams whole episodes (its context grows with t)."""
+    reward_window: RewardWindow | None = pydantic.Field(default_factory=RewardWindow)
+    """Read the RM frame by frame (default: frame t as [frame 0, frame t], a potential of the state); None:
+    the RM streams whole episodes (its context grows with t)."""
     rounds: list[Round] = []
     """Rounds after the RM stages, each RL with the RM so far, rollouts of its policies and the RM trained
     further on them; the test conditions use the last round's RM."""
     rl: RLConfig = pydantic.Field(default_factory=_default_rl)
     """The RL runs of every condition and seed (run_dir, env, reward source and seed set by the pipeline)."""
-    conditions: list[Condition] = ["sparse", "dense", "learned", "scripted"]
+    conditions: list[Condition] = ["sparse", "dense", "learned", "oracle"]
     """The rewards RL is run with on the test seeds, under equal budgets."""
     scripted_reward: str | None = None
     """The reward YAML (path or shipped name) of `scripted`; None: the task's shipped one (SCRIPTED_REWARDS)."""
@@ -470,7 +494,7 @@ class PipelineConfig(JobConfig):
     """Hyper-parameter candidates, run on the tuning seeds before any test run."""
     tuning_seeds: list[int] = []
     """RL seeds of every tuning candidate (at most 2; none of them a test seed)."""
-    test_seeds: list[int] = [0]
+    test_seeds: list[int] = [0, 1]
     """RL seeds of every condition, run once, at the end, with the chosen candidate."""
     hacking_rise: float = 0.2
     """Flagged as hacked: learned progress rose by this much while success stayed below 0.2."""
@@ -703,3 +727,6 @@ class BackboneConfig(JobConfig):
     """Fixed evaluation questions per source (and for the held-out pairs), drawn from held-out seeds."""
     seed: int = 0
     """Seed of the rendered pools and of the evaluation questions (the training stream's is training.seed)."""
+    ship_to: Path | None = None
+    """Also copy the exported model (with its card) to this folder, replacing it: the shipped backbone lives
+    in data/models/simworld-backbone. None: only output_dir/model."""

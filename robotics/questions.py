@@ -19,10 +19,12 @@ from vlm_rewards.data.questions import (
     MIN_CHANGE,
     MIN_PROGRESS_GAP,
     SKILLS,
+    PlacedObject,
     Question,
     order_question,
     placed,
     region_name,
+    placed_objects,
     two_frames,
     with_article,
     yes_no,
@@ -117,22 +119,35 @@ class ReachQuestions:
     def _colour(self, episode: int, target: int) -> str:
         return self.names[self.pool.colours[episode, target]]
 
+    @property
+    def object_names(self) -> list[str]:
+        """The names of the things its frames show: a target of each colour, and the gripper."""
+        return [f"{colour} target" for colour in self.names] + ["gripper"]
+
+    def objects(self, episode: int, frame_indices: list[int]) -> tuple[tuple[PlacedObject, ...], ...]:
+        names = [f"{self._colour(episode, k)} target" for k in range(self.pool.targets.shape[1])] + ["gripper"]
+        targets = self.pool.targets[episode]
+        return tuple(placed_objects(names, np.vstack([targets, self.pool.effector[episode, t]])) for t in frame_indices)
+
     def presence(self, rng: np.random.Generator) -> Question:
         episode, t = self._frame(rng)
         shown = {self._colour(episode, k) for k in range(self.pool.colours.shape[1])}
         candidates = sorted(shown) if rng.random() < 0.5 else sorted(set(self.names) - shown)
         colour = candidates[rng.integers(len(candidates))]
         frames = self.pool.frames[episode, t : t + 1]
-        return Question(frames, f"Is there {with_article(f'{colour} target')}?", yes_no(colour in shown), "presence")
+        question = f"Is there {with_article(f'{colour} target')}?"
+        return Question(frames, question, yes_no(colour in shown), "presence", self.objects(episode, [t]))
 
     def location(self, rng: np.random.Generator) -> Question:
         episode, t = self._frame(rng)
         frames = self.pool.frames[episode, t : t + 1]
         target = int(rng.integers(-1, self.pool.targets.shape[1]))
+        objects = self.objects(episode, [t])
         if target < 0:
-            return Question(frames, "Where is the gripper?", region_name(*self.pool.effector[episode, t]), "location")
+            where = region_name(*self.pool.effector[episode, t])
+            return Question(frames, "Where is the gripper?", where, "location", objects)
         question = f"Where is the {self._colour(episode, target)} target?"
-        return Question(frames, question, region_name(*self.pool.targets[episode, target]), "location")
+        return Question(frames, question, region_name(*self.pool.targets[episode, target]), "location", objects)
 
     def caption(self, rng: np.random.Generator) -> Question:
         episode, t = self._frame(rng)
@@ -140,7 +155,8 @@ class ReachQuestions:
         reading_order = np.lexsort((targets[:, 0], targets[:, 1]))
         parts = [f"{with_article(f'{self._colour(episode, k)} target')} {placed(targets[k])}" for k in reading_order]
         parts.append(f"the gripper {placed(self.pool.effector[episode, t])}")
-        return Question(self.pool.frames[episode, t : t + 1], "What is in the picture?", ", ".join(parts), "caption")
+        frames = self.pool.frames[episode, t : t + 1]
+        return Question(frames, "What is in the picture?", ", ".join(parts), "caption", self.objects(episode, [t]))
 
     def closer(self, rng: np.random.Generator) -> Question:
         num_frames = self.pool.frames.shape[1]
@@ -153,7 +169,9 @@ class ReachQuestions:
             if abs(change) >= MIN_CHANGE:
                 break
         question = f"Did the gripper move toward the {self._colour(episode, target)} target?"
-        return Question(self.pool.frames[episode, [first, second]], question, yes_no(change < 0), "closer")
+        shown = [first, second]
+        frames = self.pool.frames[episode, shown]
+        return Question(frames, question, yes_no(change < 0), "closer", self.objects(episode, shown))
 
     def order(self, rng: np.random.Generator) -> Question:
         num_frames = self.pool.frames.shape[1]
@@ -165,6 +183,7 @@ class ReachQuestions:
             earlier, later = sorted(rng.choice(num_frames, size=2, replace=False))
             if progress[later] - progress[earlier] >= MIN_PROGRESS_GAP:
                 break
-        frames, answer = two_frames(rng, self.pool.frames[episode], earlier, later)
+        shown, answer = two_frames(rng, earlier, later)
         instruction = reach_instruction(self._colour(episode, int(self.pool.heading[episode])))
-        return Question(frames, order_question(instruction), answer, "order")
+        question = order_question(instruction)
+        return Question(self.pool.frames[episode, shown], question, answer, "order", self.objects(episode, shown))

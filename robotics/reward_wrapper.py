@@ -14,6 +14,11 @@ The reward of a transition s -> s' with Φ = the reward's progress (or scalar re
     add:     r' = r_env + scale·Φ(s')                   + bonus·success
     shaping: r' = r_env + scale·(γ·Φ(s') − Φ(s))        + bonus·success
 
+where success is the env's `is_success`, or with `success_threshold` the reward's own `success` component
+at the step's frame ≥ the threshold (LeRobot's reward classifier; read through the session's
+`last_components`, so any reward whose spec lists a `success` component, e.g. a trained RM with a success
+head); `terminate_on_success` then also ends the episode there (terminated: Φ = 0 under shaping; the SB3
+wrapper resets that env and puts its last observation in `info["terminal_observation"]`, as SB3 does),
 then divided by the running std of r' when `normalize` is on (`RunningMeanStd`, frozen in
 evaluation). Shaping: Φ of a *terminal* state is 0 (`terminal_potential: zero`, Ng et al. 1999;
 Grześ 2017 shows that only Φ(terminal) = 0 leaves the optimal policy of an episodic task unchanged);
@@ -61,6 +66,7 @@ class _Frame:
     success: bool = False
     true_reward: float = math.nan
     progress: float = math.nan  # the env's true progress (`info["progress"]`): Φ of the oracle
+    predicted_success: bool = False  # the reward's success component reached `success_threshold` here
 
 
 @dataclass
@@ -92,6 +98,13 @@ class RewardStreams:
                 f"reward {reward.spec.name!r} is not causal (spec.causal=False), so its values for a frame may change "
                 f"as later frames arrive: reward_every={config.reward_every} needs a causal reward; use reward_every=1"
             )
+        if config.success_threshold is not None and (reward is None or "success" not in reward.spec.components):
+            name = "the oracle (no reward model)" if reward is None else f"reward {reward.spec.name!r}"
+            raise ValueError(
+                f"success_threshold reads the reward's 'success' component, but {name} has none "
+                f"(components {list(reward.spec.components) if reward else []}); use a reward with a success "
+                "output (e.g. a trained RM with model.reward.success_head) or leave success_threshold unset"
+            )
         self.reward, self.config, self.num_envs = reward, config, num_envs
         self.normalizer = RunningMeanStd()
         self.session: RewardSession | None = None
@@ -106,6 +119,7 @@ class RewardStreams:
         self._futures: list[Future] = []
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="reward") if config.async_inference else None
         self.monitor: list[MonitorRecord] = []
+        self.predicted_success = np.zeros(num_envs, bool)  # per env: the last call predicted success at its step
 
     @property
     def deferred(self) -> bool:
@@ -146,6 +160,7 @@ class RewardStreams:
         active = np.ones(self.num_envs, bool) if active is None else np.asarray(active, bool)
         step = self.step_count
         self.step_count += 1
+        self.predicted_success[:] = False
         for i in np.flatnonzero(active):
             info = infos[i]
             true_reward = float(info.get(self.config.monitor_key, env_rewards[i]))
@@ -241,7 +256,23 @@ class RewardStreams:
                 raise
             logger.warning("reward call failed (%s); this call falls back to the env reward", error)
             return [np.full(len(clip), math.nan) for clip in clips]
+        if self.config.success_threshold is not None:
+            self._read_success(frames)
         return potentials
+
+    def _read_success(self, frames: list[list[_Frame]]) -> None:
+        """Marks each stream's last new frame (this step's) with the reward's predicted success."""
+        components = self.session.last_components
+        if components is None or any("success" not in values for values in components):
+            raise ValueError(
+                f"reward {self.reward.spec.name!r}: its session ({type(self.session).__name__}) reports no 'success' "
+                "component per stream (last_components), which success_threshold reads"
+            )
+        for i, (stream, values) in enumerate(zip(frames, components)):
+            success = bool(values["success"] >= self.config.success_threshold)
+            stream[-1].predicted_success = success
+            stream[-1].terminated |= success and self.config.terminate_on_success
+            self.predicted_success[i] = success
 
     def _transition_rewards(self, frames: list[list[_Frame]], potentials: list[np.ndarray]) -> list:
         results = []
@@ -272,7 +303,8 @@ class RewardStreams:
 
     def _combine(self, frame: _Frame, previous: float, potential: float) -> float:
         config = self.config
-        bonus = config.success_bonus * frame.success
+        success = frame.predicted_success if config.success_threshold is not None else frame.success
+        bonus = config.success_bonus * success
         if math.isnan(potential) or math.isnan(previous):  # a failed call under on_error=env_reward
             return frame.env_reward + bonus
         if config.mode == "replace":
@@ -338,6 +370,8 @@ class GymVectorReward(VectorWrapper):
         mode = env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP)
         if mode != AutoresetMode.NEXT_STEP:
             raise ValueError(f"GymVectorReward needs autoreset_mode NEXT_STEP, the env has {mode}")
+        if config.terminate_on_success:
+            raise ValueError("GymVectorReward cannot end episodes itself: terminate_on_success needs SB3VecReward")
         self.streams = RewardStreams(reward, config, env.num_envs)
         self._restarting = np.zeros(env.num_envs, bool)
 
@@ -383,8 +417,14 @@ class SB3VecReward(VecEnvWrapper):
         rewards = self.streams.add_step(infos, env_rewards, dones & ~truncated)
         for info in infos:
             info.pop("frames", None)  # frames are not kept in SB3's info buffers
+        reset_infos = list(self.venv.unwrapped.reset_infos)
+        if self.streams.config.terminate_on_success:
+            for i in np.flatnonzero(self.streams.predicted_success & ~dones):
+                infos[i]["terminal_observation"] = obs[i]
+                infos[i]["TimeLimit.truncated"] = False
+                obs[i], reset_infos[i] = self.venv.env_method("reset", indices=[int(i)])[0]
+                dones[i] = True
         done = np.flatnonzero(dones)
-        reset_infos = self.venv.unwrapped.reset_infos
         self.streams.begin_episodes(done, [reset_infos[i] for i in done])
         return obs, rewards.astype(np.float32), dones, infos
 

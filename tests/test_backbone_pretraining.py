@@ -4,11 +4,13 @@ import json
 
 import numpy as np
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from vlm_rewards.cli import app
-from vlm_rewards.data.questions import SKILLS, ShapesQuestions, mixture, region_name
+from vlm_rewards.data.questions import SKILLS, Question, ShapesQuestions, mixture, region_name
 from vlm_rewards.models.backbones import load_backbone
+from vlm_rewards.training.pretrain import SceneReadout
 
 TINY_RUN = [
     "training.optim.steps=4", "training.optim.batch_size=2", "training.optim.warmup_steps=1", "training.eval_every=2",
@@ -51,6 +53,33 @@ def test_a_location_answer_names_the_objects_region():
     frames, objects, positions = questions.scene(rng)
     index = [(obj.color, obj.shape) for obj in objects].index((colour, shape))
     assert question.answer == region_name(*positions[index])
+
+
+def test_each_frame_carries_its_objects_and_a_held_out_pair_never_shows():
+    questions = ShapesQuestions(held_out=[("green", "triangle")])
+    assert "green triangle" not in questions.object_names
+    rng = np.random.default_rng(2)
+    for _ in range(100):
+        question = questions(rng)
+        assert len(question.objects) == len(question.frames)
+        assert all(name in questions.object_names for objects in question.objects for name, _, _ in objects)
+        if question.skill == "location":
+            named = question.question.removeprefix("Where is the ").removesuffix("?")
+            (x, y), = [(x, y) for name, x, y in question.objects[0] if name == named]
+            assert region_name(x, y) == question.answer
+
+
+def test_the_scene_readout_marks_the_token_whose_patch_holds_each_object():
+    readout = SceneReadout(8, ["red circle", "blue square", "gripper"])
+    frames = np.zeros((2, 56, 56, 3), np.uint8)
+    objects = ((("red circle", 0.1, 0.9), ("gripper", 0.6, 0.2)), (("blue square", 0.9, 0.9),))
+    grids = torch.tensor([[1, 4, 4], [1, 4, 4]])  # 2 x 2 merged tokens per frame, in reading order
+    targets = readout.targets([Question(frames, "q", "a", "order", objects)], grids)
+    assert targets.tolist() == [[0, 0, 0], [0, 0, 1], [1, 0, 0], [0, 0, 0], [0, 0, 0], [0, 0, 0], [0, 0, 0], [0, 1, 0]]
+    with pytest.raises(ValueError, match="not one of the readout's names"):
+        readout.targets([Question(frames[:1], "q", "a", "presence", ((("green square", 0.5, 0.5),),))], grids[:1])
+    with pytest.raises(ValueError, match="the objects of each of its frames"):
+        readout.targets([Question(frames, "q", "a", "order")], grids)
 
 
 def test_mixture_refuses_no_weight():

@@ -78,6 +78,8 @@ def test_episode_table_columns_and_dtypes(tmp_path):
         "progress": "float",
         "success": "bool",
         "policy": "string",
+        "stage": "int32",
+        "frame_success": "bool",
     }
     assert sorted(path.name for path in (tmp_path / "frames").iterdir()) == [
         "episode_000010.npz",

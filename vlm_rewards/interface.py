@@ -202,6 +202,10 @@ class RewardSession(ABC):
     what `score` gives for the same frames as part of the whole prefix.
     """
 
+    last_components: list[dict[str, float]] | None = None
+    """After `append`: per stream the `RewardResult.components` of the stream's clip so far (its last new
+    frame), for sessions that report them; None for sessions that do not."""
+
     @abstractmethod
     def append(
         self, frames: Sequence[np.ndarray], views: Sequence[Mapping[str, np.ndarray]] | None = None
@@ -331,7 +335,9 @@ class RescoringSession(RewardSession):
                 owners.extend((i, 1) for _ in range(len(new)))
         results = self.reward.score(requests)
         values: list[list[float]] = [[] for _ in self._streams]
+        self.last_components = [{} for _ in self._streams]
         for (stream_index, count), result in zip(owners, results):
+            self.last_components[stream_index] = dict(result.components)  # the stream's last request's
             if self.reward.spec.dense:
                 values[stream_index].extend(result.progress[-count:])
             else:

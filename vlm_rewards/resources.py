@@ -1,7 +1,7 @@
-"""Files shipped with the package: the configs/ folder and the tokenizer corpus.
+"""Files shipped with the package: the configs/ folder, the tokenizer corpus and the pretrained backbone.
 
-In the git checkout `configs/` and `data/corpus/` live at the top level (where users look);
-`vlm_rewards/_shipped/configs` and `vlm_rewards/_shipped/corpus` are committed symlinks to them, declared
+In the git checkout `configs/`, `data/corpus/` and `data/models/` live at the top level (where users look);
+`vlm_rewards/_shipped/{configs,corpus,models}` are committed symlinks to them, declared
 as package data, so a wheel carries copies of their contents and an editable install follows the links.
 Either way the files are found through `importlib.resources`, never relative to the source tree.
 """
@@ -14,7 +14,10 @@ import importlib.resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
 
-__all__ = ["corpus_file", "reward_configs", "shipped", "shipped_configs"]
+__all__ = ["SHIPPED_BACKBONE", "corpus_file", "reward_configs", "shipped", "shipped_backbone", "shipped_configs"]
+
+SHIPPED_BACKBONE = "simworld"
+"""The name that stands for the shipped backbone wherever a backbone folder or hub id is expected."""
 
 _extracted = contextlib.ExitStack()
 atexit.register(_extracted.close)
@@ -45,3 +48,15 @@ def reward_configs() -> Path:
 def corpus_file() -> Path:
     """The instruction corpus the tiny test tokenizer is trained on (`data/corpus/instructions.txt`)."""
     return shipped("corpus", "instructions.txt")
+
+
+def shipped_backbone() -> Path:
+    """The simulated world's pretrained backbone (`data/models/simworld-backbone`, built by
+    `vlmr pretrain-backbone configs/pretrain/backbone.yaml`): a folder that loads like a hub checkpoint."""
+    folder = shipped("models", "simworld-backbone")
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(
+            f"{folder}: the shipped backbone is missing; rebuild it with "
+            "`vlmr pretrain-backbone configs/pretrain/backbone.yaml`"
+        )
+    return folder

@@ -26,7 +26,9 @@ from vlm_rewards.interface import RewardRequest, SampleKey, validate_clip
 from vlm_rewards.io import atomic_folder, atomic_path, write_json
 from vlm_rewards.media import read_clip, write_video
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: episodes.parquet has the per-frame `stage` and `frame_success` columns
+PAIR_FORMAT_VERSION = 1
+READABLE_VERSIONS = {"vlm-rewards/episodes": (1, 2), "vlm-rewards/pairs": (1,)}
 FrameFormat = Literal["npz", "mp4"]
 FRAME_FORMATS = ("npz", "mp4")
 VIEW_NAME = re.compile(r"^[A-Za-z0-9_-]+$")  # view names end up in npz keys and file names
@@ -39,9 +41,12 @@ EPISODE_SCHEMA = pa.schema(
         ("progress", pa.float32()),
         ("success", pa.bool_()),
         ("policy", pa.string()),
+        ("stage", pa.int32()),
+        ("frame_success", pa.bool_()),
     ]
 )
-OPTIONAL_EPISODE_COLUMNS = ("policy",)
+OPTIONAL_EPISODE_COLUMNS = ("policy", "stage", "frame_success")  # format version 1 has neither stage column
+NULLABLE_EPISODE_COLUMNS = ("policy", "frame_success")
 PAIR_SCHEMA = pa.schema(
     [
         ("pair_id", pa.int64()),
@@ -61,6 +66,8 @@ class EpisodeRecord:
     frames: (T, H, W, 3) uint8. progress: (T,) float32 in [0, 1]. success: episode-level outcome.
     views: extra cameras, name -> (T, H, W, 3) uint8 with the same T.
     reference: optional (R, H', W', 3) uint8 goal or reference images.
+    stage: optional (T,) int, the task stage at each frame (e.g. stages completed), −1 where unknown.
+    frame_success: optional (T,) bool, whether the task is done at each frame; None: unknown.
     """
 
     episode_id: int
@@ -71,10 +78,25 @@ class EpisodeRecord:
     policy: str | None = None
     views: dict[str, np.ndarray] = field(default_factory=dict)
     reference: np.ndarray | None = None
+    stage: np.ndarray | None = None
+    frame_success: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         where = f"episode {self.episode_id}"
         validate_clip(self.frames, f"{where} frames")
+        if self.stage is not None:
+            self.stage = np.asarray(self.stage)
+            if self.stage.shape != (self.num_frames,) or not np.issubdtype(self.stage.dtype, np.integer):
+                raise ValueError(f"{where}: stage must be ({self.num_frames},) integers, got {self.stage!r}")
+            if self.stage.min() < -1:
+                raise ValueError(f"{where}: stage labels must be ≥ 0, or −1 for unknown, got {self.stage}")
+            self.stage = self.stage.astype(np.int32)
+        if self.frame_success is not None:
+            self.frame_success = np.asarray(self.frame_success)
+            if self.frame_success.shape != (self.num_frames,) or self.frame_success.dtype != bool:
+                raise ValueError(
+                    f"{where}: frame_success must be ({self.num_frames},) bool, got {self.frame_success!r}"
+                )
         self.progress = np.asarray(self.progress, dtype=np.float32)
         if self.progress.shape != (self.num_frames,):
             raise ValueError(f"{where}: progress has shape {self.progress.shape}, expected ({self.num_frames},)")
@@ -204,6 +226,9 @@ def _write_episode_files(
         columns["progress"].append(record.progress)
         columns["success"].append(np.full(record.num_frames, record.success))
         columns["policy"].append([record.policy] * record.num_frames)
+        columns["stage"].append(np.full(record.num_frames, -1) if record.stage is None else record.stage)
+        unknown = np.full(record.num_frames, None, dtype=object)
+        columns["frame_success"].append(unknown if record.frame_success is None else record.frame_success)
     if not seen_ids:
         raise ValueError("no episodes to write")
 
@@ -302,6 +327,8 @@ class EpisodeDataset:
             policy=labels.policy,
             views={name.removeprefix("view."): clip for name, clip in clips.items() if name.startswith("view.")},
             reference=clips.get("reference"),
+            stage=labels.stage,
+            frame_success=labels.frame_success,
         )
 
     def to_request(self, record: EpisodeRecord, frame_indices: Iterable[int] | None = None) -> RewardRequest:
@@ -381,10 +408,12 @@ class _EpisodeLabels:
     progress: np.ndarray
     success: bool
     policy: str | None
+    stage: np.ndarray | None = None
+    frame_success: np.ndarray | None = None
 
 
 def _read_episode_labels(path: Path) -> dict[int, _EpisodeLabels]:
-    table = _read_table(path, EPISODE_SCHEMA, optional=OPTIONAL_EPISODE_COLUMNS)
+    table = _read_table(path, EPISODE_SCHEMA, optional=OPTIONAL_EPISODE_COLUMNS, nullable=NULLABLE_EPISODE_COLUMNS)
     table = table.sort_by([("episode_id", "ascending"), ("frame_index", "ascending")])
     episode_ids = table["episode_id"].to_numpy()
     frame_indices = table["frame_index"].to_numpy()
@@ -392,6 +421,8 @@ def _read_episode_labels(path: Path) -> dict[int, _EpisodeLabels]:
     instructions = table["instruction"].to_pylist()
     successes = table["success"].to_numpy(zero_copy_only=False)
     policies = table["policy"].to_pylist() if "policy" in table.column_names else [None] * table.num_rows
+    stages = table["stage"].to_numpy() if "stage" in table.column_names else None
+    frame_successes = table["frame_success"].to_pylist() if "frame_success" in table.column_names else None
     if not np.all((progress >= 0) & (progress <= 1)):
         raise ValueError(f"{path}: progress labels outside [0, 1]")
 
@@ -410,8 +441,30 @@ def _read_episode_labels(path: Path) -> dict[int, _EpisodeLabels]:
             progress=progress[start:end],
             success=bool(successes[start]),
             policy=policies[start],
+            stage=_known_stages(stages, start, end),
+            frame_success=_known_successes(frame_successes, start, end, f"{path}: episode {episode_id}"),
         )
     return labels
+
+
+def _known_stages(stages: np.ndarray | None, start: int, end: int) -> np.ndarray | None:
+    """An episode's stage labels; None when the column is absent or every frame's is unknown (−1)."""
+    if stages is None or np.all(stages[start:end] == -1):
+        return None
+    return stages[start:end]
+
+
+def _known_successes(values: list | None, start: int, end: int, where: str) -> np.ndarray | None:
+    """An episode's per-frame success labels; None when the column is absent or null on every frame."""
+    if values is None:
+        return None
+    episode = values[start:end]
+    nulls = sum(value is None for value in episode)
+    if nulls == len(episode):
+        return None
+    if nulls:
+        raise ValueError(f"{where}: frame_success is null on {nulls} of {len(episode)} frames; expected all or none")
+    return np.array(episode, dtype=bool)
 
 
 # ----------------------------------------------------------------------------- preference pairs
@@ -432,7 +485,7 @@ def write_pairs(
         count = _write_pair_files(root, pairs)
         meta = {
             "format": "vlm-rewards/pairs",
-            "format_version": FORMAT_VERSION,
+            "format_version": PAIR_FORMAT_VERSION,
             "name": dataset_name,
             "num_pairs": count,
             "generator": dict(generator) if generator else None,
@@ -532,10 +585,11 @@ def _read_meta(root: Path, expected_format: str) -> dict[str, Any]:
         raise ValueError(f"{path}: not valid JSON ({error})") from None
     if not isinstance(meta, dict):
         raise ValueError(f"{path}: expected a JSON object, got {type(meta).__name__}")
-    if meta.get("format") != expected_format or meta.get("format_version") != FORMAT_VERSION:
+    versions = READABLE_VERSIONS[expected_format]
+    if meta.get("format") != expected_format or meta.get("format_version") not in versions:
         raise ValueError(
             f"{path}: format {meta.get('format')!r} version {meta.get('format_version')!r}, "
-            f"expected {expected_format!r} version {FORMAT_VERSION}"
+            f"expected {expected_format!r} version {' or '.join(map(str, versions))}"
         )
     for key, kind in REQUIRED_META[expected_format].items():
         if not isinstance(meta.get(key), kind):
@@ -543,8 +597,9 @@ def _read_meta(root: Path, expected_format: str) -> dict[str, Any]:
     return meta
 
 
-def _read_table(path: Path, schema: pa.Schema, optional: Iterable[str] = ()) -> pa.Table:
-    """Read a parquet table and check it has every column of `schema` (bar `optional`) with its type."""
+def _read_table(path: Path, schema: pa.Schema, optional: Iterable[str] = (), nullable: Iterable[str] = ()) -> pa.Table:
+    """Read a parquet table and check it has every column of `schema` (bar `optional`) with its type, free of
+    nulls (bar `nullable`)."""
     _require_file(path)
     try:
         table = pq.read_table(path)
@@ -559,7 +614,7 @@ def _read_table(path: Path, schema: pa.Schema, optional: Iterable[str] = ()) -> 
         actual = table.schema.field(expected.name).type
         if actual != expected.type:
             raise ValueError(f"{path}: column {expected.name!r} has type {actual}, expected {expected.type}")
-        if expected.name not in optional and table[expected.name].null_count:
+        if expected.name not in nullable and table[expected.name].null_count:
             raise ValueError(f"{path}: column {expected.name!r} has missing values")
     return table
 

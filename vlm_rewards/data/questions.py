@@ -5,6 +5,10 @@ reward models read: whether a named object is in the scene (`presence`), where i
 the scene holds (`caption`), whether something moved toward a named place (`closer`), and which of two
 frames of a task came later (`order`). A source is a callable `source(rng) -> Question`; ShapesWorld's is
 here, the MuJoCo tasks' in `vlm_rewards.robotics.questions`.
+
+Each question also carries what its frames show and where (`Question.objects`): the targets of the
+pretraining's scene readout, which teaches the vision tower what is where before the language model has
+learned to ask it.
 """
 
 from __future__ import annotations
@@ -24,6 +28,9 @@ MIN_CHANGE = 0.05  # `closer` asks only about moves that change the distance by 
 MIN_PROGRESS_GAP = 0.2  # `order` asks only about frames at least this far apart in progress
 
 
+PlacedObject = tuple[str, float, float]
+
+
 @dataclass(frozen=True)
 class Question:
     frames: np.ndarray
@@ -32,6 +39,8 @@ class Question:
     answer: str
     skill: str
     """Which of `SKILLS` the question trains (evaluation reports accuracy per skill)."""
+    objects: tuple[tuple[PlacedObject, ...], ...] = ()
+    """Per frame, each named thing it shows and where: (name, x, y), x right and y down in [0, 1]."""
 
 
 QuestionSource = Callable[[np.random.Generator], Question]
@@ -44,6 +53,11 @@ def region_name(x: float, y: float) -> str:
     if row == "middle":
         return column
     return row if column == "center" else f"{row} {column}"
+
+
+def placed_objects(names: Sequence[str], positions: np.ndarray) -> tuple[PlacedObject, ...]:
+    """One frame's named things with their (x, y) positions."""
+    return tuple((name, float(x), float(y)) for name, (x, y) in zip(names, positions))
 
 
 def placed(position: Sequence[float]) -> str:
@@ -65,11 +79,11 @@ def order_question(instruction: str) -> str:
     return f"The task is to {instruction}. Which frame is later, the first or the second?"
 
 
-def two_frames(rng: np.random.Generator, frames: np.ndarray, earlier: int, later: int) -> tuple[np.ndarray, str]:
-    """The two frames in a random order, and which of them (`first`/`second`) is the later one."""
+def two_frames(rng: np.random.Generator, earlier: int, later: int) -> tuple[list[int], str]:
+    """The two frame indices in a random order, and which of them (`first`/`second`) is the later one."""
     if rng.random() < 0.5:
-        return frames[[earlier, later]], "second"
-    return frames[[later, earlier]], "first"
+        return [earlier, later], "second"
+    return [later, earlier], "first"
 
 
 def mixture(sources: Sequence[tuple[QuestionSource, float]]) -> QuestionSource:
@@ -100,6 +114,11 @@ class ShapesQuestions:
             raise ValueError(f"held_out pairs {sorted(unknown)}: expected (colour, shape) of {list(COLORS)} x {SHAPES}")
         self.pairs = [(colour, shape) for colour in COLORS for shape in SHAPES if (colour, shape) not in self.held_out]
 
+    @property
+    def object_names(self) -> list[str]:
+        """The names of the things its frames show: every colour-shape pair it draws."""
+        return [f"{colour} {shape}" for colour, shape in self.pairs]
+
     def __call__(self, rng: np.random.Generator) -> Question:
         skill = SKILLS[rng.integers(len(SKILLS))]
         return getattr(self, skill)(rng)
@@ -111,7 +130,7 @@ class ShapesQuestions:
                 return episode
 
     def scene(self, rng: np.random.Generator) -> tuple[np.ndarray, list[SceneObject], np.ndarray]:
-        """One frame (1, H, W, 3), its objects and their positions."""
+        """One frame (1, H, W, 3), its objects and their positions (N, 2)."""
         while True:
             objects = self.world.sample_scene(rng)
             if not any((obj.color, obj.shape) in self.held_out for obj in objects):
@@ -120,25 +139,26 @@ class ShapesQuestions:
         return self.world.render(objects, positions, self.world.background(rng))[None], objects, positions
 
     def presence(self, rng: np.random.Generator) -> Question:
-        frames, objects, _ = self.scene(rng)
+        frames, objects, positions = self.scene(rng)
         shown = {(obj.color, obj.shape) for obj in objects}
         candidates = sorted(shown) if rng.random() < 0.5 else [pair for pair in self.pairs if pair not in shown]
         colour, shape = candidates[rng.integers(len(candidates))]
         question = f"Is there {with_article(f'{colour} {shape}')}?"
-        return Question(frames, question, yes_no((colour, shape) in shown), "presence")
+        return Question(frames, question, yes_no((colour, shape) in shown), "presence", self.placed(objects, positions))
 
     def location(self, rng: np.random.Generator) -> Question:
         frames, objects, positions = self.scene(rng)
         index = int(rng.integers(len(objects)))
         obj = objects[index]
-        return Question(frames, f"Where is the {obj.color} {obj.shape}?", region_name(*positions[index]), "location")
+        question = f"Where is the {obj.color} {obj.shape}?"
+        return Question(frames, question, region_name(*positions[index]), "location", self.placed(objects, positions))
 
     def caption(self, rng: np.random.Generator) -> Question:
         frames, objects, positions = self.scene(rng)
         reading_order = np.lexsort((positions[:, 0], positions[:, 1]))  # by row, then column
         names = [f"{obj.color} {obj.shape}" for obj in objects]
         parts = [f"{with_article(names[i])} {placed(positions[i])}" for i in reading_order]
-        return Question(frames, "What is in the picture?", ", ".join(parts), "caption")
+        return Question(frames, "What is in the picture?", ", ".join(parts), "caption", self.placed(objects, positions))
 
     def closer(self, rng: np.random.Generator) -> Question:
         while True:
@@ -152,7 +172,8 @@ class ShapesQuestions:
                 break
         obj = episode.meta["scene"][task.target]
         question = f"Did the {obj.color} {obj.shape} move toward the {task.goal}?"
-        return Question(episode.frames[[first, second]], question, yes_no(change < 0), "closer")
+        shown = [first, second]
+        return Question(episode.frames[shown], question, yes_no(change < 0), "closer", self.episode_objects(episode, shown))
 
     def order(self, rng: np.random.Generator) -> Question:
         while True:
@@ -160,5 +181,14 @@ class ShapesQuestions:
             earlier, later = sorted(rng.choice(self.num_frames, size=2, replace=False))
             if episode.progress[later] - episode.progress[earlier] >= MIN_PROGRESS_GAP:
                 break
-        frames, answer = two_frames(rng, episode.frames, earlier, later)
-        return Question(frames, order_question(episode.instruction), answer, "order")
+        shown, answer = two_frames(rng, earlier, later)
+        question = order_question(episode.instruction)
+        return Question(episode.frames[shown], question, answer, "order", self.episode_objects(episode, shown))
+
+    @staticmethod
+    def placed(objects: Sequence[SceneObject], positions: np.ndarray) -> tuple[tuple[PlacedObject, ...]]:
+        return (placed_objects([f"{obj.color} {obj.shape}" for obj in objects], positions),)
+
+    def episode_objects(self, episode, frame_indices: Sequence[int]) -> tuple[tuple[PlacedObject, ...], ...]:
+        trajectory = episode.meta["trajectory"]
+        return tuple(self.placed(episode.meta["scene"], trajectory[t])[0] for t in frame_indices)

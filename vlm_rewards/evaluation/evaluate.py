@@ -2,9 +2,12 @@
 
 Progress metrics (models that return per-frame progress): VOC on expert clips, on the same clips
 reversed (should go negative) and on random-action clips (should sit near 0), progress MAE, and
-success-detection AUC of the last frame's reward. Language use: the same expert clips scored with
-another episode's instruction should score lower. Preference metric: pairwise accuracy of
-`prefer(chosen, rejected)`. Writes metrics.json and PNG progress curves.
+success-detection AUC of the last frame's reward. Rewards with a `success` component (a trained RM's
+success head) add its AUROC against the episode outcome (`success_head_auroc_final`) and, on episodes with
+per-frame labels, per frame (`success_head_auroc_frame`, from `info["success_per_frame"]`); rewards with a
+`stage` component add `stage_accuracy` on frames with a known stage (`info["stage_per_frame"]`).
+Language use: the same expert clips scored with another episode's instruction should score lower.
+Preference metric: pairwise accuracy of `prefer(chosen, rejected)`. Writes metrics.json and PNG progress curves.
 
 Frames, episodes and pairs a reward could not score (NaN, as an LLM judge returns by design) are left
 out of every metric and counted: `num_unscored_frames`, `num_unscored_episodes`, `num_unscored_pairs`.
@@ -36,6 +39,7 @@ from vlm_rewards.evaluation.metrics import (
     mean_voc,
     pairwise_accuracy,
     progress_mae,
+    stage_accuracy,
     step_correlation,
     success_auc,
     voc,
@@ -142,6 +146,7 @@ def evaluate_progress(
         # (an accuracy near ½ cannot tell ignoring from noisy use)
         "instruction_sensitivity": _nanmean(np.abs(matched_rewards - mismatched_rewards)[both_scored]),
         **_per_policy(records, results, final_rewards),
+        **_head_metrics(reward, records, results),
         "num_episodes": len(records),
         "num_expert_episodes": len(experts),
         "num_unscored_frames": int(sum(np.isnan(r.progress).sum() for r in results)),
@@ -285,6 +290,38 @@ def _per_policy(records: list, results: list, final_rewards: np.ndarray) -> dict
             [results[i].progress for i in mine], [records[i].progress for i in mine]
         )
     return metrics
+
+
+def _head_metrics(reward: RewardModel, records: list[EpisodeRecord], results: list[RewardResult]) -> dict[str, float]:
+    """Success-head AUROC (final frame vs the episode outcome; per frame vs `frame_success`) and stage accuracy,
+    for rewards with those components. Per-frame metrics read the results' per-frame info and leave out
+    episodes without it (an episode scored on a subsample) or without labels; NaN when nothing is left."""
+    metrics = {}
+    if "success" in reward.spec.components:
+        final = np.array([result.components["success"] for result in results], dtype=np.float64)
+        scored = np.isfinite(final)
+        outcomes = np.array([record.success for record in records])[scored]
+        metrics["success_head_auroc_final"] = success_auc(final[scored], outcomes) if scored.any() else float("nan")
+        pairs = _frame_pairs(records, results, "success_per_frame", "frame_success")
+        metrics["success_head_auroc_frame"] = success_auc(*pairs) if len(pairs[0]) else float("nan")
+    if "stage" in reward.spec.components:
+        pairs = _frame_pairs(records, results, "stage_per_frame", "stage")
+        metrics["stage_accuracy"] = stage_accuracy(*pairs) if len(pairs[0]) else float("nan")
+    return metrics
+
+
+def _frame_pairs(records: list[EpisodeRecord], results: list[RewardResult], info_key: str, label: str):
+    """(predicted, label) over the frames of every episode that has both, the prediction finite."""
+    predicted, labels = [], []
+    for record, result in zip(records, results):
+        values, known = result.info.get(info_key), getattr(record, label)
+        if values is None or known is None or len(values) != record.num_frames:
+            continue
+        values = np.asarray(values, dtype=np.float64)
+        finite = np.isfinite(values)
+        predicted.append(values[finite])
+        labels.append(np.asarray(known)[finite])
+    return (np.concatenate(predicted), np.concatenate(labels)) if predicted else (np.array([]), np.array([]))
 
 
 def _step_correlation_at_length(

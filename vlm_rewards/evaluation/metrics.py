@@ -1,4 +1,4 @@
-"""Reward-model metrics: value-order correlation, pairwise accuracy, success AUC, progress error."""
+"""Reward-model metrics: value-order correlation, pairwise accuracy, success AUC, progress error, stage accuracy."""
 
 from __future__ import annotations
 
@@ -78,6 +78,16 @@ def success_auc(scores: np.ndarray, success: np.ndarray) -> float:
         )
         return float("nan")
     return float(roc_auc_score(success, scores))
+
+
+def stage_accuracy(predicted: np.ndarray, labels: np.ndarray) -> float:
+    """Fraction of frames whose predicted stage equals the label, over frames with a known label (≥ 0);
+    NaN when none is known."""
+    predicted, labels = np.asarray(predicted), np.asarray(labels)
+    if predicted.shape != labels.shape or predicted.ndim != 1:
+        raise ValueError(f"expected two (N,) arrays, got shapes {predicted.shape} and {labels.shape}")
+    known = labels >= 0
+    return float((predicted[known] == labels[known]).mean()) if known.any() else float("nan")
 
 
 def progress_mae(predicted: np.ndarray, label: np.ndarray) -> float:

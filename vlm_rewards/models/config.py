@@ -30,10 +30,19 @@ class RewardNetworkConfig(Settings):
     """Most frames per request; longer clips are subsampled by the caller (the reward's spec says so)."""
     use_reference: bool = False
     """Show the request's goal/reference frames to the model."""
+    success_head: bool = False
+    """Progress RM: also a success head, P(the task is done) at each frame, trained with BCE on the per-frame
+    success labels of the episodes (`frame_success`); results carry it as the `success` component."""
+    num_stages: int | None = pydantic.Field(None, ge=2)
+    """Progress RM: also a stage head over this many stages (labels 0 … num_stages − 1, e.g. the env's
+    stages completed: Reach 2, Push and Carry 3), trained with cross-entropy on the per-frame `stage`
+    labels; results carry the most likely stage as the `stage` component. None: no stage head."""
 
     @pydantic.model_validator(mode="after")
     def _head_fits_task(self) -> RewardNetworkConfig:
         allowed = {"progress": ("regression", "bins"), "preference": ("scalar",)}[self.task]
         if self.head not in allowed:
             raise ValueError(f"a {self.task} model needs a head in {allowed}, got {self.head!r}")
+        if self.task != "progress" and (self.success_head or self.num_stages):
+            raise ValueError("success_head and num_stages need a progress model (task: progress)")
         return self

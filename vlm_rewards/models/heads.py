@@ -5,10 +5,15 @@ A head maps backbone hidden states (read at each frame's position) to a value:
 - `bins`: K logits per frame over bin centres 0, 1/(K−1), …, 1, trained with cross-entropy against a
   two-hot target (the label split between its two nearest centres), progress = the expectation.
 - `scalar`: one unbounded value, the preference reward, trained Bradley–Terry.
+A progress head may also carry a success head (one logit per frame, P(the task is done) = sigmoid,
+trained with BCE) and a stage head (S logits per frame, softmax over the task's stages, trained with
+cross-entropy), read from the same hidden states: one backbone forward gives every output.
 Losses run in fp32 whatever the backbone's dtype.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -17,19 +22,47 @@ from torch import nn
 from vlm_rewards.models.config import HeadKind
 
 
+@dataclass
+class FrameLogits:
+    """Every head's logits at each frame: progress (B, T[, K]); success (B, T) and stage (B, T, S) when the
+    model has those heads, else None."""
+
+    progress: torch.Tensor
+    success: torch.Tensor | None = None
+    stage: torch.Tensor | None = None
+
+
 class RewardHead(nn.Module):
-    def __init__(self, hidden_size: int, kind: HeadKind = "regression", num_bins: int = 32, mlp_size: int = 256):
+    def __init__(
+        self,
+        hidden_size: int,
+        kind: HeadKind = "regression",
+        num_bins: int = 32,
+        mlp_size: int = 256,
+        success: bool = False,
+        num_stages: int | None = None,
+    ):
         super().__init__()
         self.kind = kind
         self.num_bins = num_bins
-        outputs = num_bins if kind == "bins" else 1
-        self.mlp = nn.Sequential(nn.Linear(hidden_size, mlp_size), nn.GELU(), nn.Linear(mlp_size, outputs))
+        self.mlp = _mlp(hidden_size, mlp_size, num_bins if kind == "bins" else 1)
+        self.success = _mlp(hidden_size, mlp_size, 1) if success else None
+        self.stage = _mlp(hidden_size, mlp_size, num_stages) if num_stages else None
         self.register_buffer("bin_centers", torch.linspace(0, 1, num_bins), persistent=False)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(..., hidden) -> logits (..., K) for bins, else (...)."""
+        """(..., hidden) -> progress (or scalar) logits (..., K) for bins, else (...)."""
         logits = self.mlp(hidden.float())
         return logits if self.kind == "bins" else logits.squeeze(-1)
+
+    def frame_logits(self, hidden: torch.Tensor) -> FrameLogits:
+        """(..., hidden) -> the logits of every head this model has."""
+        hidden = hidden.float()
+        return FrameLogits(
+            progress=self(hidden),
+            success=self.success(hidden).squeeze(-1) if self.success is not None else None,
+            stage=self.stage(hidden) if self.stage is not None else None,
+        )
 
     def predict(self, logits: torch.Tensor) -> torch.Tensor:
         """Logits -> progress in [0, 1] (regression, bins) or the raw reward (scalar)."""
@@ -52,8 +85,31 @@ class RewardHead(nn.Module):
             )
         else:
             raise ValueError(f"progress_loss needs a regression or bins head, this head is {self.kind!r}")
-        mask = mask.float()
-        return (per_frame * mask).sum() / mask.sum().clamp(min=1)
+        return _masked_mean(per_frame, mask)
+
+
+def success_loss(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean BCE over frames where `mask` is true and the success label is known (labels 1, 0; −1 unknown)."""
+    known = mask & (labels >= 0)
+    per_frame = F.binary_cross_entropy_with_logits(logits, labels.float().clamp(min=0), reduction="none")
+    return _masked_mean(per_frame, known)
+
+
+def stage_loss(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over frames where `mask` is true and the stage is known (labels 0..S−1; −1 unknown)."""
+    known = mask & (labels >= 0)
+    per_frame = F.cross_entropy(logits.transpose(1, -1), labels.long().clamp(min=0), reduction="none")
+    return _masked_mean(per_frame, known)
+
+
+def _masked_mean(per_frame: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The mean over true entries of `mask`; 0 (with gradients, so every head joins each backward) when none."""
+    mask = mask.float()
+    return (per_frame * mask).sum() / mask.sum().clamp(min=1)
+
+
+def _mlp(hidden_size: int, mlp_size: int, outputs: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(hidden_size, mlp_size), nn.GELU(), nn.Linear(mlp_size, outputs))
 
 
 def step_correlation_loss(progress: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

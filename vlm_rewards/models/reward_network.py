@@ -1,6 +1,7 @@
 """Qwen-VL reward models: a backbone plus a head read at each frame's position, in one forward pass.
 
-- progress RM: instruction + clip of T frames -> T progress values in [0, 1] (regression or bins head).
+- progress RM: instruction + clip of T frames -> T progress values in [0, 1] (regression or bins head),
+  with optional success and stage heads read at the same positions (`config.success_head`, `num_stages`).
 - preference RM: prompt + image or clip -> one scalar (read at the last frame), trained Bradley–Terry.
 
 A checkpoint is one folder that is also a loadable backbone: the backbone's config, weights and
@@ -26,7 +27,7 @@ from vlm_rewards.interface import RewardRequest
 from vlm_rewards.io import atomic_folder, make_readable, write_json
 from vlm_rewards.models.backbones import load_backbone
 from vlm_rewards.models.config import RewardNetworkConfig
-from vlm_rewards.models.heads import RewardHead
+from vlm_rewards.models.heads import FrameLogits, RewardHead
 from vlm_rewards.models.inputs import ClipBatch, ClipInputBuilder
 
 HEAD_FILE = "reward_head.safetensors"
@@ -40,7 +41,9 @@ class RewardNetwork(nn.Module):
         self.processor = processor
         self.config = config
         hidden_size = backbone.config.get_text_config().hidden_size
-        self.head = RewardHead(hidden_size, config.head, config.num_bins, config.head_mlp_size)
+        self.head = RewardHead(
+            hidden_size, config.head, config.num_bins, config.head_mlp_size, config.success_head, config.num_stages
+        )
         self.builder = ClipInputBuilder(
             processor, min_pixels=config.min_pixels, max_pixels=config.max_pixels, max_frames=config.max_frames
         )
@@ -54,14 +57,26 @@ class RewardNetwork(nn.Module):
             requests = [replace(request, reference=None) for request in requests]
         return self.builder.build(requests).to(self.device)
 
-    def forward(self, batch: ClipBatch) -> torch.Tensor:
-        """Head logits at every frame: (B, T_max[, K])."""
+    def forward(self, batch: ClipBatch) -> FrameLogits:
+        """Every head's logits at every frame, from one backbone forward: progress (B, T_max[, K]), and
+        success (B, T_max) and stage (B, T_max, S) when the model has those heads."""
         hidden = self.backbone(**batch.model_inputs).last_hidden_state
-        return self.head(batch.gather(hidden))
+        return self.head.frame_logits(batch.gather(hidden))
 
     def predict(self, batch: ClipBatch) -> torch.Tensor:
         """(B, T_max) per-frame progress (progress RM) or per-frame reward (preference RM)."""
-        return self.head.predict(self(batch))
+        return self.head.predict(self(batch).progress)
+
+    def predict_all(self, batch: ClipBatch) -> dict[str, torch.Tensor]:
+        """One forward: "progress" (B, T_max), and "success" (B, T_max) probabilities and "stage" (B, T_max, S)
+        stage probabilities when the model has those heads."""
+        logits = self(batch)
+        outputs = {"progress": self.head.predict(logits.progress)}
+        if logits.success is not None:
+            outputs["success"] = logits.success.sigmoid()
+        if logits.stage is not None:
+            outputs["stage"] = logits.stage.softmax(-1)
+        return outputs
 
     @staticmethod
     def last_frame(values: torch.Tensor, frame_mask: torch.Tensor) -> torch.Tensor:
@@ -145,7 +160,7 @@ def read_export_record(path: str | Path, verify: bool = True) -> dict:
     if not isinstance(record, dict):
         raise ValueError(f"{config_path}: not a valid reward-model config (expected a JSON object)")
     try:
-        config = RewardNetworkConfig.model_validate(record.get("config"))
+        RewardNetworkConfig.model_validate(record.get("config"))
     except pydantic.ValidationError as error:
         raise ValueError(f"{config_path}: not a valid reward-model config ({error})") from None
     version, files = record.get("version"), record.get("files")
@@ -156,7 +171,8 @@ def read_export_record(path: str | Path, verify: bool = True) -> dict:
             f"{config_path}: no per-file hashes ('files'), so its version cannot be checked; "
             "re-export the model with this version of vlm-rewards"
         )
-    if export_version(config.model_dump(mode="json"), files) != version:
+    # the config as recorded: an export from before a setting existed keeps its version
+    if export_version(record["config"], files) != version:
         raise ValueError(f"{config_path}: version {version!r} does not match its config and file hashes")
     if verify:
         changes = changed_files(files, fingerprint_files(path, exclude=(CONFIG_FILE,)))
@@ -165,4 +181,3 @@ def read_export_record(path: str | Path, verify: bool = True) -> dict:
                 f"{path}: files differ from those recorded at export (version {version}): {', '.join(changes)}"
             )
     return record
-

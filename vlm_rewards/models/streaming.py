@@ -148,7 +148,9 @@ class KVCacheSession(RewardSession):
         checks them (the network's own minimum side is checked always).
 
     `append(frames, views)` returns per stream the progress of its new frames, equal to
-    `network.predict` on the whole clip so far; it refuses (ValueError naming `frames[i]` / stream i)
+    `network.predict` on the whole clip so far, and sets `last_components` (a network with success or
+    stage heads: per stream the `success` / `stage` components of its last new frame, as
+    `TrainedRewardModel` gives them); it refuses (ValueError naming `frames[i]` / stream i)
     a stream going past `config.max_frames`, frames too small or not (k, H, W, 3) uint8, a frame size
     or view set other than the stream's first append, before running anything, so a refused call
     leaves the session unchanged.
@@ -477,12 +479,20 @@ class KVCacheSession(RewardSession):
             embeds = embeds.masked_scatter(image_mask, features.to(embeds.dtype))
             hidden = backbone.language_model(input_ids=None, inputs_embeds=embeds, **cached).last_hidden_state
 
-        # Every readout of every stream through the head in one call.
+        # Every readout of every stream through the heads in one call.
         rows = torch.cat([torch.full((len(layout.readouts),), b, dtype=torch.long) for b, layout in enumerate(layouts)])
         columns = torch.cat([layout.readouts for layout in layouts])
-        values = network.head.predict(network.head(hidden[rows.to(device), columns.to(device)]))
-        values = values.float().cpu().numpy().astype(np.float64)
+        logits = network.head.frame_logits(hidden[rows.to(device), columns.to(device)])
+        values = network.head.predict(logits.progress).float().cpu().numpy().astype(np.float64)
         counts = [len(layout.readouts) for layout in layouts]
+        last = torch.as_tensor(np.cumsum(counts) - 1)  # each stream's last readout
+        self.last_components = [{} for _ in streams]
+        if logits.success is not None:
+            for b, value in enumerate(logits.success.sigmoid()[last].tolist()):
+                self.last_components[b]["success"] = value
+        if logits.stage is not None:
+            for b, value in enumerate(logits.stage.argmax(-1)[last].tolist()):
+                self.last_components[b]["stage"] = float(value)
 
         kv = [(layer.keys, layer.values) for layer in cache.layers]
         results, cursor = [], 0

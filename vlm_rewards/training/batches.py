@@ -26,6 +26,8 @@ def step_rng(seed: int, step: int, rank: int) -> np.random.Generator:
 class ProgressBatch:
     requests: list[RewardRequest]
     labels: torch.Tensor  # (B, T_max) progress labels, 0 past each clip's end
+    success: torch.Tensor  # (B, T_max) per-frame success labels 1., 0., or −1 unknown (and past each clip's end)
+    stage: torch.Tensor  # (B, T_max) long per-frame stage labels, −1 unknown (and past each clip's end)
 
 
 @dataclass
@@ -43,6 +45,9 @@ class ProgressBatches:
     `subsample_indices` (evenly spaced, first and last frame in, labels at those frames), as the
     model is later asked about long episodes; augmentations then act on that clip, and a clip they
     lengthen past the budget is subsampled again.
+
+    Per-frame success and stage labels (for the success and stage heads) follow their frames as progress
+    labels do; a clip paired with another instruction is labelled not successful, its stage unknown.
     """
 
     def __init__(
@@ -64,13 +69,18 @@ class ProgressBatches:
         rng = step_rng(self.seed, step, rank)
         chosen = rng.choice(self.episode_ids, size=self.batch_size)
         samples = [self._sample(int(episode_id), rng) for episode_id in chosen]
-        max_frames = max(len(labels) for _, labels in samples)
+        max_frames = max(len(labels) for _, labels, _, _ in samples)
         labels = torch.zeros(len(samples), max_frames)
-        for row, (_, sample_labels) in enumerate(samples):
+        success = torch.full((len(samples), max_frames), -1.0)
+        stage = torch.full((len(samples), max_frames), -1, dtype=torch.long)
+        for row, (_, sample_labels, sample_success, sample_stage) in enumerate(samples):
             labels[row, : len(sample_labels)] = torch.as_tensor(sample_labels)
-        return ProgressBatch([request for request, _ in samples], labels)
+            success[row, : len(sample_success)] = torch.as_tensor(sample_success)
+            stage[row, : len(sample_stage)] = torch.as_tensor(sample_stage)
+        return ProgressBatch([sample[0] for sample in samples], labels, success, stage)
 
-    def _sample(self, episode_id: int, rng: np.random.Generator) -> tuple[RewardRequest, np.ndarray]:
+    def _sample(self, episode_id: int, rng: np.random.Generator) -> tuple[RewardRequest, np.ndarray, ...]:
+        """(request, progress, success, stage labels) of one clip drawn from the episode."""
         record = self.dataset[episode_id]
         # The label functions only index along time, so running them on frame indices gives one
         # order to apply to the main frames and every extra view alike.
@@ -80,7 +90,8 @@ class ProgressBatches:
         if draw < augment.mismatch:
             text = mismatched_instruction(record.instruction, self.instructions, rng)
             indices = self._cap(base, rng)
-            return replace(self.dataset.to_request(record, indices), text=text), np.zeros(len(indices), np.float32)
+            request = replace(self.dataset.to_request(record, indices), text=text)
+            return request, np.zeros(len(indices), np.float32), np.zeros(len(indices)), np.full(len(indices), -1)
         draw -= augment.mismatch
         if draw < augment.reverse:
             indices, labels = reversed_clip(base, progress)
@@ -98,7 +109,10 @@ class ProgressBatches:
             keep = subsample_indices(len(indices), self.max_frames)
             indices, labels = indices[keep], labels[keep]
         keep = self._cap(np.arange(len(indices)), rng)
-        return self.dataset.to_request(record, indices[keep]), labels[keep]
+        frames = indices[keep]
+        success = np.full(len(frames), -1.0) if record.frame_success is None else record.frame_success[frames] * 1.0
+        stage = np.full(len(frames), -1) if record.stage is None else record.stage[frames]
+        return self.dataset.to_request(record, frames), labels[keep], success, stage
 
     def _cap(self, positions: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """`positions` cut to `clip_frames`: the first, then a random subset of the rest, in order or

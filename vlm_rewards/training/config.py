@@ -56,8 +56,9 @@ class Lora(JobConfig):
 
 
 class ModelSettings(JobConfig):
-    backbone: str = "tiny"
-    """"tiny" (built from `tiny`, random weights), or a hub id / local Qwen-VL folder."""
+    backbone: str = "simworld"
+    """"simworld" (the shipped backbone pretrained on the simulated world: data/models/simworld-backbone),
+    "tiny" (built from `tiny`, random weights: training from scratch), or a hub id / local Qwen-VL folder."""
     tiny: TinyBackbone = pydantic.Field(default_factory=TinyBackbone)
     """The random backbone's shape, used when backbone is "tiny"."""
     reward: RewardNetworkConfig = pydantic.Field(default_factory=RewardNetworkConfig)
@@ -165,6 +166,12 @@ class Optimization(OptimizerSettings):
     step_loss_weight: float = pydantic.Field(0.0, ge=0)
     """Progress RM: adds this × (1 − correlation of predicted and labelled frame-to-frame progress changes)
     (`heads.step_correlation_loss`): the reward's steps, not only its levels, must follow the labels."""
+    success_loss_weight: float = pydantic.Field(1.0, ge=0)
+    """Progress RM with `model.reward.success_head`: adds this × the success head's BCE, over frames whose
+    success label is known (`frame_success`)."""
+    stage_loss_weight: float = pydantic.Field(1.0, ge=0)
+    """Progress RM with `model.reward.num_stages`: adds this × the stage head's cross-entropy, over frames
+    whose stage label is known (`stage` ≥ 0)."""
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"
     """auto: bf16 on GPUs that have it, else no mixed precision."""
 
@@ -244,8 +251,11 @@ class BackboneTraining(Settings):
     """The backbone's shape (its weights start random)."""
     vocab_size: int = pydantic.Field(2048, ge=300)
     """Largest vocabulary of the byte-level BPE tokenizer trained on the corpus and the question texts."""
-    optim: OptimizerSettings = OptimizerSettings(steps=4000, batch_size=16, lr=2e-4, warmup_steps=300)
+    optim: OptimizerSettings = OptimizerSettings(steps=4000, batch_size=16, lr=3e-4, warmup_steps=200)
     """Steps (each draws `batch_size` fresh questions) and the optimizer."""
+    readout_weight: float = pydantic.Field(1.0, ge=0)
+    """Weight of the scene readout's loss (which named things each image token's patch holds) beside the
+    answers'."""
     log_every: int = pydantic.Field(50, ge=1)
     """Steps between records of train_log.jsonl (loss, learning rate, seconds per step)."""
     eval_every: int = pydantic.Field(500, ge=1)

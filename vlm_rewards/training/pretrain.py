@@ -4,7 +4,10 @@ The stand-in for a pretrained Qwen-VL in a simulated world. `pretrain_backbone` 
 of the configured shape, with a tokenizer trained on the shipped corpus plus the question texts, and
 trains every weight on a stream of `Question`s: the question, then the frames, is the user turn, and the
 loss is the language model's cross-entropy on the answer and its `<|im_end|>` (the layout reward models
-use too: text before frames). Batches are drawn from an RNG seeded by (seed, step), so a resumed run
+use too: text before frames), plus a scene readout: a linear head on each frame's mean image token
+predicts which named things each image token's patch holds. A tower trained by the answers alone stays
+blind for thousands of steps; the readout gives it a direct signal from the first step. The head is not
+exported. Batches are drawn from an RNG seeded by (seed, step), so a resumed run
 sees the batches an uninterrupted one would. The result is a checkpoint folder that loads like a hub
 model: `load_backbone(folder)`, `from_pretrained(folder)`, or `model.backbone` of `vlmr train-rm`.
 """
@@ -27,7 +30,7 @@ from transformers import get_cosine_schedule_with_warmup
 from vlm_rewards.config import changed_settings
 from vlm_rewards.data.questions import Question, QuestionSource
 from vlm_rewards.io import atomic_folder, atomic_path, make_readable, write_json
-from vlm_rewards.models.backbones import build_tiny_backbone, load_backbone
+from vlm_rewards.models.backbones import MERGE_SIZE, build_tiny_backbone, load_backbone
 from vlm_rewards.models.inputs import ClipInputBuilder
 from vlm_rewards.models.tokenizer import IM_END, default_corpus, train_tokenizer
 from vlm_rewards.tracking import Track, untracked
@@ -38,6 +41,37 @@ CHECKPOINT_PATTERN = re.compile(r"^step_(\d+)\.pt$")
 IGNORE = -100
 SETTINGS_FILE = "pretrain_settings.json"
 RESUME_MAY_CHANGE = ("eval_every", "save_every", "log_every", "keep_checkpoints")  # they change no weight
+
+
+class SceneReadout(torch.nn.Module):
+    """Which named things each image token's patch of the frame holds: a linear head on the normalised
+    tokens of the vision merger, with a binary cross-entropy per name (summed over names, averaged over
+    tokens). A thing belongs to the token whose patch holds its centre."""
+
+    def __init__(self, hidden_size: int, names: Sequence[str]):
+        super().__init__()
+        self.index = {name: i for i, name in enumerate(names)}
+        self.norm = torch.nn.LayerNorm(hidden_size, elementwise_affine=False)
+        self.head = torch.nn.Linear(hidden_size, len(names))
+
+    def targets(self, questions: Sequence[Question], image_grid_thw: torch.Tensor) -> torch.Tensor:
+        """(tokens, names) multi-hot targets of every image token of `questions`, in the order they are fed."""
+        frames = [objects for question in questions for objects in question.objects]
+        if len(frames) != len(image_grid_thw):
+            raise ValueError("every question needs the objects of each of its frames for the scene readout")
+        blocks = []
+        for objects, (_, height, width) in zip(frames, (image_grid_thw // MERGE_SIZE).tolist()):
+            block = torch.zeros(height, width, len(self.index))
+            for name, x, y in objects:
+                if name not in self.index:
+                    raise ValueError(f"object {name!r} is not one of the readout's names {list(self.index)}")
+                block[min(int(y * height), height - 1), min(int(x * width), width - 1), self.index[name]] = 1
+            blocks.append(block.flatten(0, 1))
+        return torch.cat(blocks)
+
+    def loss(self, image_tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = self.head(self.norm(image_tokens))
+        return torch.nn.functional.binary_cross_entropy_with_logits(logits, targets, reduction="none").sum(-1).mean()
 
 
 class QuestionBatches:
@@ -80,17 +114,24 @@ def pretrain_backbone(
     source: QuestionSource,
     eval_questions: Sequence[Question],
     tokenizer_texts: Sequence[str],
+    object_names: Sequence[str],
     track: Track | None = None,
 ) -> Path:
-    """Train (or resume) the backbone in `output_dir`; returns the exported model folder `output_dir/model`."""
+    """Train (or resume) the backbone in `output_dir`; returns the exported model folder `output_dir/model`.
+
+    `object_names` lists every name in the questions' `objects` (the scene readout's outputs)."""
     output_dir.mkdir(parents=True, exist_ok=True)
     _check_settings(output_dir, config)
     start = _initial_backbone(config, output_dir, tokenizer_texts)
     model, processor = load_backbone(start, with_lm_head=True, dtype=torch.float32)
+    readout = SceneReadout(model.config.text_config.hidden_size, object_names)
+    image_tokens: list[torch.Tensor] = []  # the vision tower's merged tokens, in the order the frames are fed
+    model.model.visual.register_forward_hook(lambda module, args, output: image_tokens.append(output.pooler_output))
     batches = QuestionBatches(processor)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.optim.lr, weight_decay=config.optim.weight_decay)
+    parameters = [*model.parameters(), *readout.parameters()]
+    optimizer = torch.optim.AdamW(parameters, lr=config.optim.lr, weight_decay=config.optim.weight_decay)
     scheduler = get_cosine_schedule_with_warmup(optimizer, config.optim.warmup_steps, config.optim.steps)
-    done = _resume(output_dir, model, optimizer, scheduler)
+    done = _resume(output_dir, model, readout, optimizer, scheduler)
     log_path, eval_path = output_dir / "train_log.jsonl", output_dir / "eval.jsonl"
     for path in (log_path, eval_path):
         _truncate_log(path, done)
@@ -99,24 +140,28 @@ def pretrain_backbone(
     remaining = range(done + 1, config.optim.steps + 1)
     for step in (track or untracked)(remaining, "pretrain backbone", total=len(remaining)):
         rng = np.random.default_rng([config.seed, step])
-        inputs, labels = batches([source(rng) for _ in range(config.optim.batch_size)])
-        loss = model(**inputs, labels=labels).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.optim.grad_clip)
+        questions = [source(rng) for _ in range(config.optim.batch_size)]
+        inputs, labels = batches(questions)
+        image_tokens.clear()
+        answer_loss = model(**inputs, labels=labels).loss
+        readout_loss = readout.loss(image_tokens[0], readout.targets(questions, inputs["image_grid_thw"]))
+        (answer_loss + config.readout_weight * readout_loss).backward()
+        torch.nn.utils.clip_grad_norm_(parameters, config.optim.grad_clip)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         if step % config.log_every == 0:
             seconds = (time.perf_counter() - started) / config.log_every
             started = time.perf_counter()
-            _append(log_path, {"step": step, "loss": loss.item(), "lr": scheduler.get_last_lr()[0], "seconds": seconds})
+            record = {"loss": answer_loss.item(), "readout_loss": readout_loss.item(), "lr": scheduler.get_last_lr()[0]}
+            _append(log_path, {"step": step, **record, "seconds": seconds})
         if step % config.eval_every == 0 or step == config.optim.steps:
             metrics = evaluate(model, batches, eval_questions, config.optim.batch_size)
             _append(eval_path, {"step": step, **metrics})
             logger.info("step %d: %s", step, ", ".join(f"{k} {v:.3f}" for k, v in metrics.items()))
             model.train()
         if step % config.save_every == 0 or step == config.optim.steps:
-            _save_checkpoint(output_dir, step, model, optimizer, scheduler, config.keep_checkpoints)
+            _save_checkpoint(output_dir, step, model, readout, optimizer, scheduler, config.keep_checkpoints)
     return export(model, start, output_dir / "model")
 
 
@@ -179,23 +224,29 @@ def _checkpoints(output_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def _resume(output_dir: Path, model, optimizer, scheduler) -> int:
+def _resume(output_dir: Path, model, readout: SceneReadout, optimizer, scheduler) -> int:
     checkpoints = _checkpoints(output_dir)
     if not checkpoints:
         return 0
     step, path = checkpoints[-1]
     state = torch.load(path, map_location="cpu", weights_only=True)
     model.load_state_dict(state["model"])
+    readout.load_state_dict(state["readout"])
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     logger.info("resuming from %s", path)
     return step
 
 
-def _save_checkpoint(output_dir: Path, step: int, model, optimizer, scheduler, keep: int) -> None:
+def _save_checkpoint(output_dir: Path, step: int, model, readout, optimizer, scheduler, keep: int) -> None:
     folder = output_dir / "checkpoints"
     folder.mkdir(exist_ok=True)
-    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
+    state = {
+        "model": model.state_dict(),
+        "readout": readout.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+    }
     with atomic_path(folder / f"step_{step:07d}.pt") as temporary:
         torch.save(state, temporary)
     for _, old in _checkpoints(output_dir)[:-keep]:

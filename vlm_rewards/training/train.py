@@ -1,9 +1,11 @@
 """`vlmr train-rm`: train a progress or preference reward model with accelerate.
 
 One loop for both tasks: batches come from a deterministic sampler, the loss is the head's per-frame
-progress loss or Bradley–Terry on pairs. accelerate handles devices, data-parallel processes and
-mixed precision (bf16 on GPUs that have it); checkpoints hold model, optimizer, scheduler and RNG
-states, and a resumed run continues at the saved step with the same batches. Periodic evaluation
+progress loss (plus, with success and stage heads, their BCE and cross-entropy on frames whose labels are
+known, weighted by `optim.success_loss_weight` / `optim.stage_loss_weight`) or Bradley–Terry on pairs.
+accelerate handles devices, data-parallel processes and mixed precision (bf16 on GPUs that have it);
+checkpoints hold model, optimizer, scheduler and RNG states, and a resumed run continues at the saved
+step with the same batches. Periodic evaluation
 goes through the reward interface, exactly as users will call the model.
 
 Steps: `optim.steps` counts micro-steps (one batch of `optim.batch_size` per process each); the
@@ -37,9 +39,10 @@ from vlm_rewards.evaluation.plots import plot_progress_curves, plot_training_cur
 from vlm_rewards.fingerprint import fingerprint
 from vlm_rewards.io import write_json
 from vlm_rewards.models.backbones import build_tiny_backbone
-from vlm_rewards.models.heads import bradley_terry_loss, step_correlation_loss
+from vlm_rewards.models.heads import bradley_terry_loss, stage_loss, step_correlation_loss, success_loss
 from vlm_rewards.models.reward_network import RewardNetwork
 from vlm_rewards.models.trained_reward import TrainedRewardModel
+from vlm_rewards.resources import SHIPPED_BACKBONE, shipped_backbone
 from vlm_rewards.tracking import Track, untracked
 from vlm_rewards.training.batches import PreferenceBatches, ProgressBatch, ProgressBatches
 from vlm_rewards.training.config import TrainRMConfig
@@ -149,15 +152,27 @@ def _loss(model: RewardNetwork, wrapped, batches, step: int, rank: int, config: 
     batch = batches.batch(step, rank)
     if isinstance(batch, ProgressBatch):
         inputs = model.encode(batch.requests)
-        logits = wrapped(inputs)
-        labels = batch.labels.to(logits.device)[:, : logits.shape[1]]
-        loss = model.head.progress_loss(logits, labels, inputs.frame_mask)
+        outputs = wrapped(inputs)
+        logits, mask, frames = outputs.progress, inputs.frame_mask, outputs.progress.shape[1]
+        labels = batch.labels.to(logits.device)[:, :frames]
+        loss = model.head.progress_loss(logits, labels, mask)
         if config.optim.step_loss_weight:
-            steps = step_correlation_loss(model.head.predict(logits), labels, inputs.frame_mask)
+            steps = step_correlation_loss(model.head.predict(logits), labels, mask)
             loss = loss + config.optim.step_loss_weight * steps
+        if outputs.success is not None:
+            success = success_loss(outputs.success, batch.success.to(logits.device)[:, :frames], mask)
+            loss = loss + config.optim.success_loss_weight * success
+        if outputs.stage is not None:
+            stages = batch.stage.to(logits.device)[:, :frames]
+            if int(stages.max()) >= outputs.stage.shape[-1]:
+                raise ValueError(
+                    f"stage label {int(stages.max())} in the training data, but model.reward.num_stages is "
+                    f"{outputs.stage.shape[-1]} (labels 0..{outputs.stage.shape[-1] - 1}); raise num_stages"
+                )
+            loss = loss + config.optim.stage_loss_weight * stage_loss(outputs.stage, stages, mask)
         return loss
     inputs = model.encode(batch.chosen + batch.rejected)
-    rewards = model.last_frame(model.head.predict(wrapped(inputs)), inputs.frame_mask)
+    rewards = model.last_frame(model.head.predict(wrapped(inputs).progress), inputs.frame_mask)
     chosen, rejected = rewards.chunk(2)
     margin = config.data.margin_scale * batch.margins.to(rewards.device)
     return bradley_terry_loss(chosen, rejected, margin, batch.ties.to(rewards.device))
@@ -237,7 +252,9 @@ def tiny_backbone_dir(config: TrainRMConfig) -> Path:
 def _build_model(config: TrainRMConfig) -> RewardNetwork:
     settings = config.model
     backbone_path = settings.backbone
-    if backbone_path == "tiny":
+    if backbone_path == SHIPPED_BACKBONE:
+        backbone_path = shipped_backbone()
+    elif backbone_path == "tiny":
         backbone_path = tiny_backbone_dir(config)
         if not (backbone_path / "config.json").exists():
             logger.info("building a tiny %s backbone in %s", settings.tiny.family, backbone_path)

@@ -65,7 +65,7 @@ def test_each_frame_carries_its_objects_and_a_held_out_pair_never_shows():
         assert all(name in questions.object_names for objects in question.objects for name, _, _ in objects)
         if question.skill == "location":
             named = question.question.removeprefix("Where is the ").removesuffix("?")
-            (x, y), = [(x, y) for name, x, y in question.objects[0] if name == named]
+            ((x, y),) = [(x, y) for name, x, y in question.objects[0] if name == named]
             assert region_name(x, y) == question.answer
 
 

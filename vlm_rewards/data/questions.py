@@ -173,7 +173,8 @@ class ShapesQuestions:
         obj = episode.meta["scene"][task.target]
         question = f"Did the {obj.color} {obj.shape} move toward the {task.goal}?"
         shown = [first, second]
-        return Question(episode.frames[shown], question, yes_no(change < 0), "closer", self.episode_objects(episode, shown))
+        objects = self.episode_objects(episode, shown)
+        return Question(episode.frames[shown], question, yes_no(change < 0), "closer", objects)
 
     def order(self, rng: np.random.Generator) -> Question:
         while True:

@@ -265,7 +265,7 @@ def measure_training(
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
 
     def step() -> None:
-        loss = model.head.progress_loss(model(batch), labels, batch.frame_mask)
+        loss = model.head.progress_loss(model(batch).progress, labels, batch.frame_mask)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

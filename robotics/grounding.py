@@ -74,6 +74,8 @@ def grounding_records(config: GroundingConfig, track: Track | None = None) -> It
                 policy=record.policy + suffix,
                 views={},
                 reference=None,
+                stage=None,  # the labels are the probe's, not the task's
+                frame_success=None,
             )
             episode_id += 1
 

@@ -53,6 +53,7 @@ def steps_to_reach(steps: np.ndarray, rates: np.ndarray, level: float = 0.8) -> 
 LEVEL = 0.8  # the success rate whose first crossing is "steps to 80 %"
 CONFIDENCE = 0.95
 RESAMPLES = 10_000
+FULL_TEST_SEEDS = 5  # issue #36's protocol: every condition on at least this many test seeds
 
 
 def iqm(values: np.ndarray, axis: int = 0) -> np.ndarray | float:
@@ -425,6 +426,21 @@ def _test_section(statistics: dict[str, dict], seeds: list[int]) -> list[str]:
             f"{_ci(entry['steps_to_80'], ',.0f')} | {entry['censored']} of {len(entry['runs'])} |"
             for condition, entry in statistics.items()
         ),
+        *_budget_note(seeds),
+    ]
+
+
+def _budget_note(seeds: list[int]) -> list[str]:
+    """What a run with few test seeds can and cannot show."""
+    if len(seeds) >= FULL_TEST_SEEDS:
+        return []
+    return [
+        "",
+        f"**What {len(seeds)} test seed{'s' if len(seeds) > 1 else ''} can show:** whether a reward leads SAC to "
+        "success at all within this budget, and which conditions are far apart. Not which of two close conditions "
+        f"is better: the intervals are wide, and a reviewer wants at least {FULL_TEST_SEEDS} test seeds with tuning "
+        "on separate seeds. The full experiments are `vlmr pipeline configs/experiments/robotics/<task>.yaml` "
+        "(docs/results/robotics.md).",
     ]
 
 

@@ -122,7 +122,7 @@ TUNED = {
         ({"test_seeds": [0, 1, 1]}, r"test_seeds \[0, 1, 1\] repeats a seed"),
         ({"test_seeds": []}, "with no test_seeds"),
         ({"rounds": [{"seeds": [1, 9]}], "test_seeds": [0, 1]}, r"rounds\[0\].seeds and test_seeds share \[1\]"),
-        ({"tuning": {**TUNED, "condition": "oracle"}, "tuning_seeds": [5]}, "tuning.condition 'oracle' is not one"),
+        ({"tuning": {**TUNED, "condition": "goal_image"}, "tuning_seeds": [5]}, "tuning.condition 'goal_image' is not one"),
         ({"tuning": {"candidates": {"x": {"sac": {"lr": 1}}}}, "tuning_seeds": [5]}, r"tuning.candidates.x: .*sac.lr"),
         ({"rounds": [{"progress_rm": {"optim": {"stpes": 3}}}]}, r"rounds\[0\].progress_rm: .*optim.stpes"),
         (
@@ -278,3 +278,11 @@ def test_the_result_configs_follow_the_protocol(name):
     config = load_job_config(PipelineConfig, f"configs/experiments/robotics/{name}.yaml")
     assert {"sparse", "dense", "learned", "oracle"} <= set(config.conditions)
     assert len(config.test_seeds) >= 5 and 1 <= len(config.tuning_seeds) <= 2 and config.tuning.candidates
+
+
+def test_a_report_on_few_test_seeds_says_what_they_can_show():
+    from vlm_rewards.robotics.report import FULL_TEST_SEEDS, _budget_note
+
+    assert _budget_note(list(range(FULL_TEST_SEEDS))) == []
+    note = "\n".join(_budget_note([0, 1]))
+    assert "2 test seeds" in note and "configs/experiments/robotics" in note

@@ -19,8 +19,8 @@ REDUCED = [
     "env.num_envs=2", "env.width=32", "env.height=32", "env.max_episode_steps=10",
     "collect.episodes={expert: 3, noisy: 1, wrong_object: 2, random: 1}",
     "eval_episodes={expert: 2, noisy: 1, wrong_object: 1, random: 1}",
-    "preference_stage.optim.steps=2", "preference_stage.data.synthetic_train={num_episodes: 16, num_pairs: 16}",
-    "preference_stage.data.synthetic_eval={num_episodes: 8, num_pairs: 8}",
+    "preference_stage={model: {backbone: tiny, reward: {task: preference, head: scalar}}, optim: {steps: 2}, "
+    "data: {synthetic_train: {num_episodes: 16, num_pairs: 16}, synthetic_eval: {num_episodes: 8, num_pairs: 8}}}",
     "progress_rm.optim.steps=3", "progress_rm.eval_every=3", "progress_rm.save_every=3",
     "progress_rm.data.clip_frames=4",
     "rl.total_timesteps=80", "rl.eval.every=40", "rl.eval.episodes=2", "rl.sac.learning_starts=20",
@@ -29,7 +29,7 @@ REDUCED = [
     "reward_window={window: 2}",
     "rounds=[{seeds: [100], rl: {total_timesteps: 40, checkpoint_every: 20}, episodes: 1, "
     "progress_rm: {optim: {steps: 2}}}]",
-    "tuning={candidates: {x5: {reward: {wrapper: {scale: 5.0}}}}}", "tuning_seeds=[7]",
+    "tuning={candidates: {x5: {reward: {wrapper: {scale: 5.0}}}}}", "tuning_seeds=[7]", "test_seeds=[0]",
 ]  # fmt: skip
 
 
@@ -49,7 +49,7 @@ def test_pipeline_runs_every_stage_then_resumes_without_redoing_them(tmp_path):
     assert rm_1x["version"] == rm_2x["version"]
     episodes = {name: json.loads((out / "data" / name / "meta.json").read_text())["num_episodes"]
                 for name in ("train", "eval_1x", "eval_2x")}  # fmt: skip
-    assert episodes == {"train": 7, "eval_1x": 5, "eval_2x": 5}
+    assert episodes == {"train": 7 * 3, "eval_1x": 5, "eval_2x": 5}  # each training rollout once per target
     learned_monitor = (out / "rl" / "learned_seed0" / "monitor.jsonl").read_text().splitlines()
     assert learned_monitor and "reward/corr_progress_true" in json.loads(learned_monitor[0])
     for name in ("report.md", "success_curves.png", "reward_fidelity.png", "rm/model/reward_model.json"):
@@ -62,7 +62,7 @@ def test_pipeline_runs_every_stage_then_resumes_without_redoing_them(tmp_path):
     round_rl = yaml.safe_load((out / "round1" / "rl" / "learned_seed100" / "config.yaml").read_text())
     assert round_rl["reward"]["config"] == str(out / "rm_cont1" / "reward.yaml")
     round_data = json.loads((out / "round1" / "data" / "train" / "meta.json").read_text())
-    assert round_data["num_episodes"] == 2
+    assert round_data["num_episodes"] == 2 * 3  # two snapshots, each rollout once per target
     round_rm = json.loads(next((out / "round1" / "rm" / "checkpoints").glob("step_*/train_config.json")).read_text())
     assert round_rm["model"]["backbone"] == str(out / "rm_cont1" / "model")
     assert round_rm["data"]["train"] == [str(out / "data" / "train"), str(out / "round1" / "data" / "train")]
@@ -93,12 +93,12 @@ def test_the_scripted_condition_takes_the_task_shipped_reward():
     assert PipelineConfig(env={"highlights": False}).scripted_reward_config == "reach_marker_progress_matte"
     assert PipelineConfig(env={"id": "vlmr/Push-v0"}).scripted_reward_config == "push_marker_progress"
     with pytest.raises(ValueError, match="no shipped one for env.id 'vlmr/Push-v0' with env.highlights False"):
-        PipelineConfig(env={"id": "vlmr/Push-v0", "highlights": False})
+        PipelineConfig(env={"id": "vlmr/Push-v0", "highlights": False}, conditions=["sparse", "scripted"])
     carry = {"id": "vlmr/Carry-v0", "highlights": False}
     assert PipelineConfig(env=carry).scripted_reward_config == "carry_marker_progress_matte"
     assert PipelineConfig(scripted_reward="mine.yaml").scripted_reward_config == "mine.yaml"
     with pytest.raises(ValueError, match="no shipped one for env.id 'metaworld/reach-v3'"):
-        PipelineConfig(env={"id": "metaworld/reach-v3"})
+        PipelineConfig(env={"id": "metaworld/reach-v3"}, conditions=["sparse", "scripted"])
     PipelineConfig(env={"id": "metaworld/reach-v3"}, conditions=["sparse", "dense", "learned"])
 
 
@@ -148,7 +148,7 @@ def test_each_rl_run_config_is_built_and_validated_from_the_rl_section(tmp_path)
 
 
 def test_the_learned_reward_names_the_last_stage_model_and_its_window(tmp_path):
-    plain = Pipeline(PipelineConfig()).learned_reward(tmp_path / "rm")
+    plain = Pipeline(PipelineConfig(reward_window=None)).learned_reward(tmp_path / "rm")
     assert (plain["kind"], plain["model"], plain["device"]) == ("trained_rm", str(tmp_path / "rm" / "model"), "cpu")
     windowed = Pipeline(PipelineConfig(reward_window={"window": 2})).learned_reward(tmp_path / "rm")
     assert windowed == {"kind": "frame_window", "reward": plain, "window": 2, "keep_first": True}

@@ -122,7 +122,7 @@ TUNED = {
         ({"test_seeds": [0, 1, 1]}, r"test_seeds \[0, 1, 1\] repeats a seed"),
         ({"test_seeds": []}, "with no test_seeds"),
         ({"rounds": [{"seeds": [1, 9]}], "test_seeds": [0, 1]}, r"rounds\[0\].seeds and test_seeds share \[1\]"),
-        ({"tuning": {**TUNED, "condition": "goal_image"}, "tuning_seeds": [5]}, "tuning.condition 'goal_image' is not one"),
+        ({"tuning": {**TUNED, "condition": "goal_image"}, "tuning_seeds": [5]}, "condition 'goal_image' is not one"),
         ({"tuning": {"candidates": {"x": {"sac": {"lr": 1}}}}, "tuning_seeds": [5]}, r"tuning.candidates.x: .*sac.lr"),
         ({"rounds": [{"progress_rm": {"optim": {"stpes": 3}}}]}, r"rounds\[0\].progress_rm: .*optim.stpes"),
         (

@@ -110,18 +110,29 @@ stand-in for a pretrained Qwen-VL in the simulated world. Load this folder like 
 (`vlm_rewards.models.backbones.load_backbone(folder)`, or `from_pretrained`), or name it as `model.backbone`
 of `vlmr train-rm`.
 
-- Built by: `vlmr pretrain-backbone {config.output_dir / "config.yaml"}` ({optim.steps} steps of
-  {optim.batch_size} questions; training seed {config.training.seed}, pool and evaluation seed {config.seed})
+- Built by: `vlmr pretrain-backbone CONFIG` ({optim.steps} steps of {optim.batch_size} questions; training
+  seed {config.training.seed}, pool and evaluation seed {config.seed}) with this CONFIG:
+
+```yaml
+{dump_config(config).strip()}
+```
+
 - Corpus: ShapesWorld questions without the pairs {config.shapes.held_out}, and {config.reach.num_episodes}
   rendered Reach episodes. Push and Carry (a block into a zone) are never shown.
 - Wall time of the training steps: {hours:.2f} h on the machine of the run (logged in train_log.jsonl)
 - Weights: {", ".join(f"{path.name} sha256 {sha256_file(path)}" for path in weights)}
 
-Whole-answer accuracy on held-out questions at step {final["step"]} (greedy answers; eval.jsonl):
+Whole-answer accuracy on held-out questions at step {final["step"]} (greedy answers; eval.jsonl). Chance is
+about 0.5 for the two-answer skills presence, closer and order (a constant answer scores its answer's share),
+about 0.11 for location (nine cells) and 0 for captions (a whole sentence):
 
 | skill | accuracy |
 | --- | --- |
 {rows}
+
+Scene readout loss (binary cross-entropy per image token, summed over the names; the head
+is not exported): {logs[0]["readout_loss"]:.2f} at step {logs[0]["step"]}, {logs[-1]["readout_loss"]:.2f} at step
+{logs[-1]["step"]} (train_log.jsonl).
 """
     with atomic_path(model / "README.md") as temporary:
         temporary.write_text(card)

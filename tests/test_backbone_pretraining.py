@@ -106,6 +106,34 @@ def test_the_exported_backbone_loads_like_a_hub_checkpoint_and_has_a_card(run):
     assert (run / "curves.png").is_file()
 
 
+def test_the_shipped_backbone_loads_like_a_hub_checkpoint_and_its_card_names_its_weights():
+    from transformers import AutoConfig, Qwen2_5_VLForConditionalGeneration
+
+    from vlm_rewards.fingerprint import sha256_file
+    from vlm_rewards.resources import shipped_backbone
+
+    folder = shipped_backbone()
+    assert AutoConfig.from_pretrained(folder).model_type == "qwen2_5_vl"
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(folder)
+    assert 3e6 < sum(p.numel() for p in model.parameters()) < 8e6  # ≤ 15 MB in bfloat16
+    card = (folder / "README.md").read_text()
+    assert f"model.safetensors sha256 {sha256_file(folder / 'model.safetensors')}" in card
+    assert "ship_to: data/models/simworld-backbone" in card  # the card holds the config that rebuilds it
+
+
+def test_train_rm_starts_from_the_shipped_backbone_by_default(tmp_path):
+    from vlm_rewards.resources import shipped_backbone
+    from vlm_rewards.training.config import TrainRMConfig
+    from vlm_rewards.training.train import _build_model
+
+    config = TrainRMConfig(output_dir=tmp_path)
+    assert config.model.backbone == "simworld"
+    shipped = load_backbone(shipped_backbone())[0].state_dict()
+    model = _build_model(config)
+    name = "language_model.layers.0.self_attn.q_proj.weight"
+    assert torch.equal(model.backbone.state_dict()[name].float(), shipped[name].float())
+
+
 def test_a_resumed_run_continues_from_its_checkpoint_with_one_log_line_per_step(run):
     result = CliRunner().invoke(app, ["pretrain-backbone", f"output_dir={run}", *TINY_RUN, "training.optim.steps=6"])
     assert result.exit_code == 2, result.output  # the schedule's length changed: refused

@@ -60,23 +60,28 @@ PARSER_VERSION = (FRAME_LABEL_PATTERN.pattern, PERCENT_PATTERN.pattern, NUMBER_P
 RUNTIME_PARAMS = {"device", "dtype", "batch_size", "name"}
 
 
-class JudgeParams(Settings):
-    model: str = pydantic.Field(min_length=1)
-    """Hub id or folder of a chat Qwen-VL checkpoint."""
-    question: str
-    """Asked after the frames; `{text}` is replaced by the request's instruction."""
+class QwenVLRuntime(Settings):
+    """Where and how a Qwen-VL checkpoint runs, and the frames it accepts."""
+
     device: str = "auto"
     """auto (cuda when present, else cpu) or a torch device string."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Weights' dtype; auto: bfloat16 on GPUs that support it, else float32."""
     batch_size: int = pydantic.Field(4, ge=1)
-    """Requests (clips) per generate call."""
+    """Requests (clips) per forward pass or generate call."""
     min_pixels: int | None = pydantic.Field(None, ge=1)
     """Fewest pixels per frame after resizing; None: the processor's bound."""
     max_pixels: int | None = pydantic.Field(None, ge=1)
     """Most pixels per frame after resizing; None: the processor's bound."""
     max_frames: int = pydantic.Field(32, ge=1)
     """Most frames per request; longer clips are refused (subsample them first)."""
+
+
+class JudgeParams(QwenVLRuntime):
+    model: str = pydantic.Field(min_length=1)
+    """Hub id or folder of a chat Qwen-VL checkpoint."""
+    question: str
+    """Asked after the frames; `{text}` is replaced by the request's instruction."""
     name: str
     """The reward's name in results, logs and reports."""
 

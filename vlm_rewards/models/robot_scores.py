@@ -20,7 +20,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 import pydantic
@@ -29,14 +28,13 @@ from safetensors import safe_open
 from torch import nn
 from transformers import PreTrainedModel, ProcessorMixin
 
-from vlm_rewards.config import Settings
 from vlm_rewards.fingerprint import fingerprint, weights_fingerprint
 from vlm_rewards.interface import BaseReward, RewardRequest, RewardResult, RewardSpec
 from vlm_rewards.models.backbones import load_backbone
 from vlm_rewards.models.device import resolve_device, resolve_dtype
 from vlm_rewards.models.hub import resolve_checkpoint
 from vlm_rewards.models.inputs import ClipInputBuilder
-from vlm_rewards.models.judge import ChatJudge, JudgeParams, clip_prefixes
+from vlm_rewards.models.judge import ChatJudge, JudgeParams, QwenVLRuntime, clip_prefixes
 from vlm_rewards.registry import register
 
 TOPREWARD_PROMPT = (
@@ -144,23 +142,11 @@ class Robometer(BaseReward):
 
     The request's reference frames and extra views are not shown (Robometer scores one camera)."""
 
-    class Params(Settings):
+    class Params(QwenVLRuntime):
         name: str = "robometer"
         """The reward's name in results, logs and reports."""
         model: str = pydantic.Field(min_length=1)
         """Hub id or folder of a Robometer checkpoint (Qwen-VL weights under `model.`, heads beside them)."""
-        device: str = "auto"
-        """auto (cuda when present, else cpu) or a torch device string."""
-        dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-        """Weights' dtype; auto: bfloat16 on GPUs that support it, else float32."""
-        batch_size: int = pydantic.Field(4, ge=1)
-        """Clips per forward pass."""
-        min_pixels: int | None = pydantic.Field(None, ge=1)
-        """Fewest pixels per frame after resizing; None: the processor's bound."""
-        max_pixels: int | None = pydantic.Field(None, ge=1)
-        """Most pixels per frame after resizing; None: the processor's bound."""
-        max_frames: int = pydantic.Field(32, ge=1)
-        """Most frames per request; longer clips are refused (subsample them first)."""
 
     def __init__(self, model: PreTrainedModel, processor: ProcessorMixin, heads: nn.ModuleDict, params: Params):
         self.model, self.heads, self.params = model.eval(), heads.eval(), params

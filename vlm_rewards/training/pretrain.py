@@ -4,11 +4,11 @@ The stand-in for a pretrained Qwen-VL in a simulated world. `pretrain_backbone` 
 of the configured shape, with a tokenizer trained on the shipped corpus plus the question texts, and
 trains every weight on a stream of `Question`s: the question, then the frames, is the user turn, and the
 loss is the language model's cross-entropy on the answer and its `<|im_end|>` (the layout reward models
-use too: text before frames), plus a scene readout: a linear head on each frame's mean image token
-predicts which named things each image token's patch holds. A tower trained by the answers alone stays
-blind for thousands of steps; the readout gives it a direct signal from the first step. The head is not
-exported. Batches are drawn from an RNG seeded by (seed, step), so a resumed run
-sees the batches an uninterrupted one would. The result is a checkpoint folder that loads like a hub
+use too: text before frames), plus a scene readout: a linear head on each image token predicts which
+named things the token's patch of the frame holds. A tower trained by the answers alone stays blind for
+thousands of steps; the readout gives it a direct signal from the first step. The head is not exported.
+Batches are drawn from an RNG seeded by (seed, step), so a resumed run sees the batches an uninterrupted
+one would. The result is a checkpoint folder that loads like a hub
 model: `load_backbone(folder)`, `from_pretrained(folder)`, or `model.backbone` of `vlmr train-rm`.
 """
 
@@ -125,8 +125,10 @@ def pretrain_backbone(
     start = _initial_backbone(config, output_dir, tokenizer_texts)
     model, processor = load_backbone(start, with_lm_head=True, dtype=torch.float32)
     readout = SceneReadout(model.config.text_config.hidden_size, object_names)
-    image_tokens: list[torch.Tensor] = []  # the vision tower's merged tokens, in the order the frames are fed
-    model.model.visual.register_forward_hook(lambda module, args, output: image_tokens.append(output.pooler_output))
+    image_tokens: list[torch.Tensor] = []  # the vision tower's merged tokens of a training step, in frame order
+    model.model.visual.register_forward_hook(
+        lambda module, args, output: image_tokens.append(output.pooler_output) if module.training else None
+    )
     batches = QuestionBatches(processor)
     parameters = [*model.parameters(), *readout.parameters()]
     optimizer = torch.optim.AdamW(parameters, lr=config.optim.lr, weight_decay=config.optim.weight_decay)

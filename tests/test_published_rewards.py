@@ -137,30 +137,32 @@ def save_tiny_hpsv2(folder: Path) -> tuple[dict, dict]:
     return {"model": str(folder / "HPS_v2_compressed.pt"), "processor": str(folder / "processor")}, architecture
 
 
-class AestheticMLP(nn.Module):
-    """improved-aesthetic-predictor simple_inference.py `MLP` (its .pth keys: layers.0 ... layers.7)."""
+AESTHETIC_LAYERS = ("layers.0", "layers.2", "layers.4", "layers.6", "layers.7")  # its Linear layers, in order
+AESTHETIC_WIDTHS = (1024, 128, 64, 16, 1)
 
-    def __init__(self, input_size: int):
-        super().__init__()
-        self.layers = nn.Sequential(
-            nn.Linear(input_size, 1024),
-            nn.Dropout(0.2),
-            nn.Linear(1024, 128),
-            nn.Dropout(0.2),
-            nn.Linear(128, 64),
-            nn.Dropout(0.1),
-            nn.Linear(64, 16),
-            nn.Linear(16, 1),
-        )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.layers(x)
+def aesthetic_state_dict(input_size: int) -> dict[str, torch.Tensor]:
+    """Random weights in the key layout of improved-aesthetic-predictor's .pth (simple_inference.py `MLP`:
+    Linear-Dropout-Linear-Dropout-Linear-Dropout-Linear-Linear, so the Linears are layers 0, 2, 4, 6, 7)."""
+    generator, state, width = torch.Generator().manual_seed(0), {}, input_size
+    for name, out in zip(AESTHETIC_LAYERS, AESTHETIC_WIDTHS):
+        state[f"{name}.weight"] = torch.randn(out, width, generator=generator) / width**0.5
+        state[f"{name}.bias"] = torch.randn(out, generator=generator) * 0.1
+        width = out
+    return state
+
+
+def aesthetic_reference(state: dict[str, torch.Tensor], embeddings: torch.Tensor) -> torch.Tensor:
+    """The MLP at inference (dropout off, no activations): the Linear layers applied in turn."""
+    for name in AESTHETIC_LAYERS:
+        embeddings = nn.functional.linear(embeddings, state[f"{name}.weight"], state[f"{name}.bias"])
+    return embeddings
 
 
 def save_tiny_aesthetic(folder: Path) -> dict:
     clip = _save_tiny_clip(folder / "clip")
     torch.manual_seed(1)
-    torch.save(AestheticMLP(16).state_dict(), folder / "sac+logos+ava1-l14-linearMSE.pth")
+    torch.save(aesthetic_state_dict(16), folder / "sac+logos+ava1-l14-linearMSE.pth")
     return {"model": str(clip), "head": str(folder / "sac+logos+ava1-l14-linearMSE.pth")}
 
 
@@ -292,11 +294,10 @@ def test_aesthetic_is_the_mlp_of_the_normalised_image_embedding(tmp_path, one_to
     paths = save_tiny_aesthetic(tmp_path)
     reward = build_reward({"kind": "aesthetic", **paths})
     check_reward(reward)
-    head = AestheticMLP(16).eval()
-    head.load_state_dict(torch.load(paths["head"], weights_only=True))
+    state = torch.load(paths["head"], weights_only=True)
     _, images, _ = clip_reference(Path(paths["model"]), ["x"], FRAMES)
     with torch.no_grad():  # simple_inference.py: model(normalized(encode_image(image)))
-        expected = head(images).squeeze(-1).numpy()
+        expected = aesthetic_reference(state, images).squeeze(-1).numpy()
     results = reward.score([RewardRequest(FRAMES, text) for text in TEXTS])
     for result in results:  # the text plays no part
         np.testing.assert_allclose(result.progress, expected, atol=1e-5)
@@ -304,7 +305,7 @@ def test_aesthetic_is_the_mlp_of_the_normalised_image_embedding(tmp_path, one_to
 
 def test_aesthetic_head_of_another_width_is_refused(tmp_path):
     paths = save_tiny_aesthetic(tmp_path)
-    torch.save(AestheticMLP(768).state_dict(), paths["head"])
+    torch.save(aesthetic_state_dict(768), paths["head"])
     with pytest.raises(ValueError, match="16-d CLIP embeddings"):
         build_reward({"kind": "aesthetic", **paths})
 

@@ -32,7 +32,7 @@ batch = torch.randn(256, width)
 
 def step():
     optimizer.zero_grad()
-    model(batch).progress.square().mean().backward()
+    model(batch).square().mean().backward()
     optimizer.step()
 
 step()  # warm-up: allocations and the OpenMP thread pool

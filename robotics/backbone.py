@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vlm_rewards.config import dump_config
+from vlm_rewards.config import dump_config, load_job_config
 from vlm_rewards.data.questions import Question, QuestionSource, ShapesQuestions, mixture
 from vlm_rewards.fingerprint import sha256_file
 from vlm_rewards.io import atomic_folder, atomic_path
@@ -43,13 +43,35 @@ def run_pretrain_backbone(config: BackboneConfig, track: Track | None = None) ->
     eval_questions = evaluation_questions(config, shapes, reach_eval)
     texts = tokenizer_texts(source, config.seed)
     names = [*shapes.object_names, *reach_train.object_names]
-    model = pretrain_backbone(config.training, config.output_dir, source, eval_questions, texts, names, track)
+    start = starting_backbone(config.init_from, track)
+    model = pretrain_backbone(config.training, config.output_dir, source, eval_questions, texts, names, track, start)
     write_model_card(config, model)
     if config.ship_to is not None:
         with atomic_folder(config.ship_to, replace=True) as temporary:
             shutil.copytree(model, temporary, dirs_exist_ok=True)
         logger.info("shipped the backbone to %s", config.ship_to)
     return model
+
+
+def starting_backbone(init_from: Path | None, track: Track | None) -> Path | None:
+    """The model an `init_from` names: a backbone folder as it is, or the export of a stage config run first
+    (a finished run only re-exports; its `ship_to` is ignored so that only the last stage ships)."""
+    if init_from is None:
+        return None
+    if init_from.suffix in (".yaml", ".yml"):
+        stage = load_job_config(BackboneConfig, init_from).model_copy(update={"ship_to": None})
+        return run_pretrain_backbone(stage, track)
+    if not (init_from / "config.json").is_file():
+        raise ValueError(f"init_from: {init_from} is neither a backbone config (.yaml) nor a model folder")
+    return init_from
+
+
+def stages(config: BackboneConfig) -> list[BackboneConfig]:
+    """The chain of stage configs that built `config`'s backbone, first stage first."""
+    chain = [config]
+    while chain[0].init_from is not None and chain[0].init_from.suffix in (".yaml", ".yml"):
+        chain.insert(0, load_job_config(BackboneConfig, chain[0].init_from))
+    return chain
 
 
 def reach_pool(settings: ReachSource, path: Path, num_episodes: int, seed: int, track: Track | None) -> ReachPool:
@@ -82,6 +104,16 @@ def held_out_pair_questions(world: ShapesQuestions, config: BackboneConfig, rng:
     return questions
 
 
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def training_hours(config: BackboneConfig) -> float:
+    """Wall time of a run's training steps, from the seconds per step its train_log.jsonl records."""
+    logs = read_jsonl(config.output_dir / "train_log.jsonl")
+    return sum(record["seconds"] for record in logs) * config.training.log_every / 3600
+
+
 def tagged(question: Question, source: str) -> Question:
     return dataclasses.replace(question, skill=f"{source}/{question.skill}")
 
@@ -96,13 +128,23 @@ def write_model_card(config: BackboneConfig, model: Path) -> None:
     from vlm_rewards.evaluation.plots import plot_training_curves
 
     weights = sorted(model.glob("*.safetensors"))
-    evaluations = [json.loads(line) for line in (config.output_dir / "eval.jsonl").read_text().splitlines()]
-    logs = [json.loads(line) for line in (config.output_dir / "train_log.jsonl").read_text().splitlines()]
-    hours = sum(record["seconds"] for record in logs) * config.training.log_every / 3600
+    evaluations = read_jsonl(config.output_dir / "eval.jsonl")
+    logs = read_jsonl(config.output_dir / "train_log.jsonl")
+    chain = stages(config)
+    hours = sum(training_hours(stage) for stage in chain)
     final = evaluations[-1]
     accuracies = {key.removeprefix("accuracy_"): value for key, value in final.items() if key != "step"}
     rows = "\n".join(f"| {skill} | {value:.3f} |" for skill, value in accuracies.items())
-    optim = config.training.optim
+    built_by = "\n".join(
+        f"""- Stage {number}: {stage.training.optim.steps} steps of {stage.training.optim.batch_size} questions \
+(training seed {stage.training.seed}, pool and evaluation seed {stage.seed}), config:
+
+```yaml
+{dump_config(stage).strip()}
+```
+"""
+        for number, stage in enumerate(chain, start=1)
+    )
     card = f"""# vlm-rewards simulated-world backbone
 
 A {config.training.model.family} model (random weights of this shape, then pretrained here on CPU): the
@@ -110,21 +152,19 @@ stand-in for a pretrained Qwen-VL in the simulated world. Load this folder like 
 (`vlm_rewards.models.backbones.load_backbone(folder)`, or `from_pretrained`), or name it as `model.backbone`
 of `vlmr train-rm`.
 
-- Built by: `vlmr pretrain-backbone CONFIG` ({optim.steps} steps of {optim.batch_size} questions; training
-  seed {config.training.seed}, pool and evaluation seed {config.seed}) with this CONFIG:
+Built by one command, `vlmr pretrain-backbone CONFIG`, which runs each stage in turn (a stage continues the
+one before it with a fresh optimizer, schedule and question seed):
 
-```yaml
-{dump_config(config).strip()}
-```
-
+{built_by}
 - Corpus: ShapesWorld questions without the pairs {config.shapes.held_out}, and {config.reach.num_episodes}
   rendered Reach episodes. Push and Carry (a block into a zone) are never shown.
-- Wall time of the training steps: {hours:.2f} h on the machine of the run (logged in train_log.jsonl)
+- Wall time of the training steps, all stages: {hours:.2f} h on the machine of the run (each stage's
+  train_log.jsonl)
 - Weights: {", ".join(f"{path.name} sha256 {sha256_file(path)}" for path in weights)}
 
-Whole-answer accuracy on held-out questions at step {final["step"]} (greedy answers; eval.jsonl). Chance is
-about 0.5 for the two-answer skills presence, closer and order (a constant answer scores its answer's share),
-about 0.11 for location (nine cells) and 0 for captions (a whole sentence):
+Whole-answer accuracy on held-out questions at the end (step {final["step"]} of the last stage; greedy
+answers; eval.jsonl). Chance is about 0.5 for the two-answer skills presence, closer and order (a constant
+answer scores its answer's share), about 0.11 for location (nine cells) and 0 for captions (a whole sentence):
 
 | skill | accuracy |
 | --- | --- |
@@ -136,5 +176,15 @@ is not exported): {logs[0]["readout_loss"]:.2f} at step {logs[0]["step"]}, {logs
 """
     with atomic_path(model / "README.md") as temporary:
         temporary.write_text(card)
-    curves = {key: [(e["step"], e[key]) for e in evaluations] for key in final if key != "step"}
+    history = chained_evaluations(chain)
+    curves = {key: [(e["step"], e[key]) for e in history if key in e] for key in final if key != "step"}
     plot_training_curves(config.output_dir / "curves.png", curves)
+
+
+def chained_evaluations(chain: list[BackboneConfig]) -> list[dict]:
+    """Every stage's eval.jsonl records in order, their steps counted from the first stage's start."""
+    records, offset = [], 0
+    for stage in chain:
+        records += [{**e, "step": offset + e["step"]} for e in read_jsonl(stage.output_dir / "eval.jsonl")]
+        offset += stage.training.optim.steps
+    return records

@@ -727,6 +727,11 @@ class BackboneConfig(JobConfig):
     """Fixed evaluation questions per source (and for the held-out pairs), drawn from held-out seeds."""
     seed: int = 0
     """Seed of the rendered pools and of the evaluation questions (the training stream's is training.seed)."""
+    init_from: Path | None = None
+    """Continue an earlier stage instead of starting from random weights: a backbone config file (.yaml),
+    which is run (or resumed) first, or a backbone folder. The run keeps that model's weights and
+    tokenizer and starts a fresh optimizer, schedule and scene readout (a warm restart); give it its own
+    `training.seed` so it draws new questions. None: random weights of `training.model`."""
     ship_to: Path | None = None
     """Also copy the exported model (with its card) to this folder, replacing it: the shipped backbone lives
     in data/models/simworld-backbone. None: only output_dir/model."""

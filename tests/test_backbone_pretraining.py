@@ -143,3 +143,29 @@ def test_a_resumed_run_continues_from_its_checkpoint_with_one_log_line_per_step(
     assert result.exit_code == 0, result.output
     steps = [json.loads(line)["step"] for line in (run / "eval.jsonl").read_text().splitlines()]
     assert steps == [2, 4]  # the record past the checkpoint is dropped, and a finished run trains no more
+
+
+def test_a_stage_continues_the_stage_its_init_from_names_and_only_the_last_stage_ships(tmp_path):
+    import yaml
+
+    from vlm_rewards.config import apply_overrides
+    from vlm_rewards.fingerprint import sha256_file
+
+    first, shipped = tmp_path / "stage1", tmp_path / "shipped"
+    stage1_config = tmp_path / "stage1.yaml"
+    stage1 = apply_overrides({"output_dir": str(first), "ship_to": str(tmp_path / "never")}, TINY_RUN)
+    stage1_config.write_text(yaml.safe_dump(stage1))
+    second = tmp_path / "stage2"
+    overrides = [f"output_dir={second}", f"init_from={stage1_config}", f"ship_to={shipped}", *TINY_RUN]
+    result = CliRunner().invoke(app, ["pretrain-backbone", *overrides, "training.seed=1", "training.optim.steps=2"])
+    assert result.exit_code == 0, result.output
+    assert (first / "model" / "config.json").is_file() and not (tmp_path / "never").exists()
+    assert not (second / "initial").exists()  # no random start: stage 1's export is the starting point
+    recorded = json.loads((second / "pretrain_settings.json").read_text())["start_weights"]
+    assert recorded == {"model.safetensors": sha256_file(first / "model" / "model.safetensors")}
+    card = (shipped / "README.md").read_text()
+    assert "Stage 1: 4 steps" in card and "Stage 2: 2 steps" in card and f"init_from: {stage1_config}" in card
+    assert load_backbone(shipped)[0].config.text_config.hidden_size == 64
+
+    result = CliRunner().invoke(app, ["pretrain-backbone", *overrides, f"init_from={tmp_path}"])
+    assert result.exit_code == 2 and "neither a backbone config" in result.output

@@ -29,6 +29,7 @@ from transformers import get_cosine_schedule_with_warmup
 
 from vlm_rewards.config import changed_settings
 from vlm_rewards.data.questions import Question, QuestionSource
+from vlm_rewards.fingerprint import sha256_file
 from vlm_rewards.io import atomic_folder, atomic_path, make_readable, write_json
 from vlm_rewards.models.backbones import MERGE_SIZE, build_tiny_backbone, load_backbone
 from vlm_rewards.models.inputs import ClipInputBuilder
@@ -116,13 +117,15 @@ def pretrain_backbone(
     tokenizer_texts: Sequence[str],
     object_names: Sequence[str],
     track: Track | None = None,
+    start: Path | None = None,
 ) -> Path:
     """Train (or resume) the backbone in `output_dir`; returns the exported model folder `output_dir/model`.
 
-    `object_names` lists every name in the questions' `objects` (the scene readout's outputs)."""
+    `object_names` lists every name in the questions' `objects` (the scene readout's outputs). `start`: a
+    backbone folder to continue (its weights and tokenizer); None: random weights of `config.model`."""
     output_dir.mkdir(parents=True, exist_ok=True)
-    _check_settings(output_dir, config)
-    start = _initial_backbone(config, output_dir, tokenizer_texts)
+    _check_settings(output_dir, config, start)
+    start = start or _initial_backbone(config, output_dir, tokenizer_texts)
     model, processor = load_backbone(start, with_lm_head=True, dtype=torch.float32)
     readout = SceneReadout(model.config.text_config.hidden_size, object_names)
     image_tokens: list[torch.Tensor] = []  # the vision tower's merged tokens of a training step, in frame order
@@ -205,10 +208,12 @@ def _initial_backbone(config: BackboneTraining, output_dir: Path, tokenizer_text
     return folder
 
 
-def _check_settings(output_dir: Path, config: BackboneTraining) -> None:
+def _check_settings(output_dir: Path, config: BackboneTraining, start: Path | None) -> None:
     """A run folder trains one configuration: resuming it with settings that change training is refused."""
     path = output_dir / SETTINGS_FILE
     settings = config.model_dump(mode="json")
+    if start is not None:
+        settings["start_weights"] = {path.name: sha256_file(path) for path in sorted(start.glob("*.safetensors"))}
     if not path.is_file():
         write_json(path, settings)
         return

@@ -20,6 +20,7 @@ from transformers import CLIPImageProcessor, CLIPModel, CLIPProcessor, CLIPToken
 
 from tests.test_conformance import SMALL_FRAMES
 from tests.test_embedding_goal import IMAGE_SIZE, _save_tiny_clip
+from tests.test_sarm_reward import save_tiny_sarm_and_clip
 from vlm_rewards.interface import RewardRequest
 from vlm_rewards.models.backbones import build_tiny_backbone, load_backbone
 from vlm_rewards.models.image_scores import openclip_to_clip
@@ -211,6 +212,8 @@ def published_stand_in(config: dict, folder: Path, backbone) -> dict | None:
     if kind == "robometer":
         save_tiny_robometer(backbone(PUBLISHED_FAMILIES[config["model"]]), folder)
         return {"model": str(folder), "device": "cpu", **SMALL_FRAMES}
+    if kind == "sarm":
+        return {**save_tiny_sarm_and_clip(folder), "device": "cpu"}
     return None
 
 

@@ -38,6 +38,7 @@ _BUILTIN_KINDS = {
     "aesthetic": "vlm_rewards.models.image_scores:AestheticScore",
     "topreward": "vlm_rewards.models.robot_scores:TOPReward",
     "robometer": "vlm_rewards.models.robot_scores:Robometer",
+    "sarm": "vlm_rewards.models.sarm:SARMReward",
     "remote": "vlm_rewards.serving.client:RemoteReward",
 }
 _registered: dict[str, type] = {}

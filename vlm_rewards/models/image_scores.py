@@ -81,15 +81,32 @@ def load_clip_processor(name: str, kind: str) -> CLIPProcessor:
         raise ValueError(f"{kind}: could not load a CLIP processor from {name!r}: {error}") from error
 
 
-def load_clip_model(name: str, kind: str, dtype: DType) -> CLIPModel:
+def load_clip(name: str, processor: str | None, kind: str, dtype: DType) -> tuple[CLIPModel, CLIPProcessor, str]:
+    """A transformers CLIPModel, its processor (from `processor`, else from the model's folder) and what
+    identifies its weights (`weights_fingerprint`)."""
     folder = resolve_checkpoint(name, f"{kind}: a hub id or folder with a transformers CLIPModel")
     try:
-        return CLIPModel.from_pretrained(folder, dtype=getattr(torch, dtype))
+        clip = CLIPModel.from_pretrained(folder, dtype=getattr(torch, dtype))
     except Exception as error:  # OSError, ValueError, SafetensorError, ...
         raise ValueError(
             f"{kind}: could not load a CLIPModel from {name!r}; expected config.json and weights of a "
             f"transformers CLIP checkpoint: {error}"
         ) from error
+    weights = weights_fingerprint(name, getattr(clip.config, "_commit_hash", None))
+    return clip, load_clip_processor(processor or name, kind), weights
+
+
+def clip_image_features(clip: CLIPModel, processor: CLIPProcessor, frames: list[np.ndarray]) -> torch.Tensor:
+    """(N, D) projected image embeddings (not normalised, float32) of N (H, W, 3) uint8 frames."""
+    inputs = processor(images=frames, input_data_format="channels_last", return_tensors="pt")
+    pixels = inputs["pixel_values"].to(clip.device, clip.dtype)
+    return clip.get_image_features(pixel_values=pixels).pooler_output.float()
+
+
+def clip_text_features(clip: CLIPModel, processor: CLIPProcessor, texts: list[str]) -> torch.Tensor:
+    """(N, D) projected text embeddings (not normalised, float32) of N texts."""
+    inputs = processor(text=texts, padding=True, truncation=True, return_tensors="pt").to(clip.device)
+    return clip.get_text_features(**inputs).pooler_output.float()
 
 
 class ImageScoreParams(Settings):
@@ -111,15 +128,9 @@ class ImageScore(BaseReward):
     """Per-frame score of a CLIP model (see the module docstring); subclasses give `frame_scores`."""
 
     text_conditioned = True  # the aesthetic predictor ignores the text
+    value_range = (-math.inf, math.inf)  # bounds of one frame's score (PickScore's depend on its weights)
 
-    def __init__(
-        self,
-        clip: CLIPModel,
-        processor: CLIPProcessor,
-        params: ImageScoreParams,
-        value_range: tuple[float, float],
-        weights: object,
-    ):
+    def __init__(self, clip: CLIPModel, processor: CLIPProcessor, params: ImageScoreParams, weights: object):
         """`weights`: what identifies the checkpoint files, folded into the version."""
         self.params = params
         self.device = resolve_device(params.device)
@@ -130,21 +141,32 @@ class ImageScore(BaseReward):
             version=fingerprint(
                 type(self).__name__, params.model_dump(exclude={"device", "batch_size", "name"}), weights
             ),
-            value_range=value_range,
+            value_range=self.score_range(),
             dense=True,
             causal=True,  # every frame is scored on its own
             frame_size=None,  # the processor resizes any frame to the model's input size
         )
+
+    @classmethod
+    def from_params(cls, params: ImageScoreParams) -> ImageScore:
+        """The kind's published weights as a transformers CLIPModel (PickScore, CLIPScore)."""
+        clip, processor, weights = load_clip(params.model, params.processor, params.name, params.dtype)
+        return cls(clip, processor, params, weights)
+
+    def score_range(self) -> tuple[float, float]:
+        return self.value_range
 
     @torch.inference_mode()
     def _score(self, requests: list[RewardRequest]) -> list[RewardResult]:
         frames = [frame for request in requests for frame in request.frames]
         owners = [i for i, request in enumerate(requests) for _ in range(request.num_frames)]
         size = self.params.batch_size
-        images = torch.cat([self.embed_images(frames[i : i + size]) for i in range(0, len(frames), size)])
+        images = torch.cat(
+            [clip_image_features(self.clip, self.processor, frames[i : i + size]) for i in range(0, len(frames), size)]
+        )
         texts = None
         if self.text_conditioned:
-            texts = self.embed_texts([request.text for request in requests])[owners]
+            texts = clip_text_features(self.clip, self.processor, [request.text for request in requests])[owners]
         scores = self.frame_scores(images, texts).double().cpu().numpy()
         results, start = [], 0
         for request in requests:
@@ -156,15 +178,6 @@ class ImageScore(BaseReward):
     def frame_scores(self, images: torch.Tensor, texts: torch.Tensor | None) -> torch.Tensor:
         """(N,) scores of N image embeddings (unnormalised, float32) with the texts' embeddings."""
         raise NotImplementedError
-
-    def embed_images(self, frames: list[np.ndarray]) -> torch.Tensor:
-        inputs = self.processor(images=frames, input_data_format="channels_last", return_tensors="pt")
-        pixels = inputs["pixel_values"].to(self.device, self.clip.dtype)
-        return self.clip.get_image_features(pixel_values=pixels).pooler_output.float()
-
-    def embed_texts(self, texts: list[str]) -> torch.Tensor:
-        inputs = self.processor(text=texts, padding=True, truncation=True, return_tensors="pt").to(self.device)
-        return self.clip.get_text_features(**inputs).pooler_output.float()
 
 
 def cosine(images: torch.Tensor, texts: torch.Tensor) -> torch.Tensor:
@@ -179,13 +192,9 @@ class PickScore(ImageScore):
         name: str = "pickscore"
         """The reward's name in results, logs and reports."""
 
-    @classmethod
-    def from_params(cls, params: Params) -> PickScore:
-        clip = load_clip_model(params.model, "pickscore", params.dtype)
-        processor = load_clip_processor(params.processor or params.model, "pickscore")
-        scale = float(clip.logit_scale.detach().exp())
-        weights = weights_fingerprint(params.model, getattr(clip.config, "_commit_hash", None))
-        return cls(clip, processor, params, (-scale, scale), weights)
+    def score_range(self) -> tuple[float, float]:
+        scale = float(self.clip.logit_scale.detach().exp())
+        return -scale, scale
 
     def frame_scores(self, images: torch.Tensor, texts: torch.Tensor | None) -> torch.Tensor:
         return self.clip.logit_scale.exp().float() * cosine(images, texts)
@@ -195,16 +204,11 @@ class PickScore(ImageScore):
 class CLIPScore(ImageScore):
     """CLIPScore: w · max(cos(text, image), 0) with w = 2.5; range [0, 2.5]."""
 
+    value_range = (0.0, CLIP_SCORE_WEIGHT)
+
     class Params(ImageScoreParams):
         name: str = "clip_score"
         """The reward's name in results, logs and reports."""
-
-    @classmethod
-    def from_params(cls, params: Params) -> CLIPScore:
-        clip = load_clip_model(params.model, "clip_score", params.dtype)
-        processor = load_clip_processor(params.processor or params.model, "clip_score")
-        weights = weights_fingerprint(params.model, getattr(clip.config, "_commit_hash", None))
-        return cls(clip, processor, params, (0.0, CLIP_SCORE_WEIGHT), weights)
 
     def frame_scores(self, images: torch.Tensor, texts: torch.Tensor | None) -> torch.Tensor:
         return CLIP_SCORE_WEIGHT * cosine(images, texts).clamp(min=0.0)
@@ -308,6 +312,8 @@ def _map_block_key(key: str, value: torch.Tensor) -> dict[str, torch.Tensor]:
 class HPSv2(ImageScore):
     """HPSv2: cos(text, image) of open_clip ViT-H-14 fine-tuned on human preferences; range [-1, 1]."""
 
+    value_range = (-1.0, 1.0)
+
     class Params(ImageScoreParams):
         name: str = "hpsv2"
         """The reward's name in results, logs and reports."""
@@ -332,7 +338,7 @@ class HPSv2(ImageScore):
         except RuntimeError as error:
             raise ValueError(f"hpsv2: {path} does not fit the architecture {params.architecture}: {error}") from None
         clip = clip.to(getattr(torch, params.dtype))
-        return cls(clip, processor, params, (-1.0, 1.0), sha256_file(path))
+        return cls(clip, processor, params, sha256_file(path))
 
     def frame_scores(self, images: torch.Tensor, texts: torch.Tensor | None) -> torch.Tensor:
         return cosine(images, texts)
@@ -371,13 +377,12 @@ class AestheticScore(ImageScore):
         """The MLP head's .pth state dict: a local file or org/name/file on the hub."""
 
     def __init__(self, clip: CLIPModel, processor: CLIPProcessor, head: AestheticHead, params: Params, weights: object):
-        super().__init__(clip, processor, params, (-math.inf, math.inf), weights)
+        super().__init__(clip, processor, params, weights)
         self.head = head.to(self.device).eval()
 
     @classmethod
     def from_params(cls, params: Params) -> AestheticScore:
-        clip = load_clip_model(params.model, "aesthetic", "float32")
-        processor = load_clip_processor(params.processor or params.model, "aesthetic")
+        clip, processor, weights = load_clip(params.model, params.processor, params.name, params.dtype)
         path = resolve_checkpoint_file(params.head, "aesthetic: the .pth of an improved-aesthetic-predictor MLP")
         state_dict = torch.load(path, map_location="cpu", weights_only=True)
         head = AestheticHead(clip.config.projection_dim)
@@ -388,8 +393,7 @@ class AestheticScore(ImageScore):
                 f"aesthetic: {path} is not an improved-aesthetic-predictor head for {clip.config.projection_dim}-d "
                 f"CLIP embeddings (keys layers.0.weight ... layers.7.bias): {error}"
             ) from None
-        weights = (weights_fingerprint(params.model, getattr(clip.config, "_commit_hash", None)), sha256_file(path))
-        return cls(clip.to(getattr(torch, params.dtype)), processor, head, params, weights)
+        return cls(clip, processor, head, params, (weights, sha256_file(path)))
 
     def frame_scores(self, images: torch.Tensor, texts: torch.Tensor | None) -> torch.Tensor:
         return self.head(F.normalize(images, dim=-1)).squeeze(-1)

@@ -2,6 +2,7 @@
 
 - `GRPOConfig`: `vlmr grpo` (`vlm_rewards.generation.train`); its defaults run a tiny flow-matching model on CPU.
 - `RWRConfig`: `vlmr rwr` (`vlm_rewards.generation.rwr`), a GRPO config plus RWR's temperature.
+- `NFTConfig`: `vlmr nft` (`vlm_rewards.generation.nft`), a GRPO config plus DiffusionNFT's `nft` section.
 - `PretrainConfig`: `vlmr pretrain-generator` (`vlm_rewards.generation.pretrain`).
 
 `SamplerSettings` is what the rollout sampler (`vlm_rewards.generation.sampling`) reads; a GRPO config's
@@ -232,6 +233,11 @@ class Train(Settings):
     """Advantages are clipped to [−advantage_clip, advantage_clip]."""
     advantage_epsilon: float = 1e-4
     """ε of the group z-score (r − mean) / (std + ε)."""
+    advantage: Literal["pointwise", "pairwise"] = "pointwise"
+    """"pointwise": advantages from each image's reward. "pairwise" (Pref-GRPO): from its win rate in its prompt
+    group under each trained reward's `prefer`, the mean P(it beats j) over the group's other images j, then
+    normalised like a pointwise reward. It costs G(G − 1)/2 `prefer` judgements per group of G (each pair judged
+    once, in one order) on top of the pointwise scores, which the logs and the evaluation still use."""
     global_std: bool = False
     """Divide by the reward std of the whole batch (every process) instead of each prompt group's (Flow-GRPO's
     `global_std`): a group whose rewards barely differ then gets small advantages, not its noise blown up to ±1."""
@@ -326,6 +332,67 @@ class RWRConfig(GRPOConfig):
 
     temperature: float = pydantic.Field(1.0, gt=0)
     """Sample weights are exp(advantage / temperature), normalised to mean 1."""
+
+
+class NFT(Settings):
+    """DiffusionNFT (Zheng et al. 2025, arXiv 2509.16117): flow matching on the policy's own clean samples, pulled
+    towards the better ones and away from the worse through implicit positive and negative policies."""
+
+    beta: float = pydantic.Field(1.0, gt=0)
+    """Mixing coefficient β: v+ = (1 − β)·v_old + β·v_θ, v− = (1 + β)·v_old − β·v_θ. The reference trains with 1
+    (GenEval, PickScore) or 0.1 (OCR, several rewards)."""
+    timesteps_per_sample: int | None = pydantic.Field(None, gt=0)
+    """Noise levels each sample is trained at per pass, drawn without replacement from the sampling schedule's
+    `sampling.num_steps` (one backward each, one optimizer step per minibatch); None: all but one (the reference's
+    `timestep_fraction` 0.99 of 10 steps)."""
+    kl_beta: float = pydantic.Field(0.0, ge=0)
+    """Weight of mean((v_θ − v_ref)²), the velocity's squared distance to the reference (the LoRA disabled); the
+    reference uses 1e-4 on SD3.5-M. 0: off. (`train.kl_beta` is GRPO's and must stay 0.)"""
+    old_decay_rate: float = pydantic.Field(0.001, ge=0)
+    """After each epoch the sampling ("old") policy moves to old ← d·old + (1 − d)·θ, with d = min(rate·(s −
+    delay), old_decay_max) after s optimizer steps (0 before the delay): on-policy first, then ever slower."""
+    old_decay_max: float = pydantic.Field(0.5, ge=0, lt=1)
+    """The largest d of the sampling policy's update (the reference: 0.5; 0.999 for OCR)."""
+    old_decay_delay: int = pydantic.Field(0, ge=0)
+    """Optimizer steps with d = 0, the sampling policy copying the trained one (the reference: 0; 75 for OCR)."""
+
+
+class NFTConfig(GRPOConfig):
+    """`vlmr nft`: DiffusionNFT on a GRPO config's prompts, rewards, sampler and sampling budget (flow models)."""
+
+    output_dir: Path = Path("runs/nft_tiny")
+    """The run's folder: metrics.jsonl, evaluation grids, checkpoints and `best`."""
+    nft: NFT = pydantic.Field(default_factory=NFT)
+    """DiffusionNFT's loss and sampling-policy update."""
+
+    @pydantic.model_validator(mode="after")
+    def _check_nft(self) -> NFTConfig:
+        if self.model.family == "ddim":
+            raise ValueError(
+                "nft: model.family 'ddim' is an ε-prediction UNet; DiffusionNFT trains flow-matching velocity "
+                "models: use family 'flow' or 'flux'"
+            )
+        if self.sampling.guidance_scale > 1:
+            raise ValueError(
+                f"nft: sampling.guidance_scale {self.sampling.guidance_scale}: DiffusionNFT is CFG-free (it samples "
+                "and trains the conditional model); set it to 1 (sampling.eval_guidance_scale may differ)"
+            )
+        if self.train.kl_beta:
+            raise ValueError(f"nft: train.kl_beta {self.train.kl_beta} is GRPO's KL; set it to 0 and use nft.kl_beta")
+        if self.sampling.noise_level == 0 and self.sampling.same_noise_in_group:
+            raise ValueError(
+                "nft: sampling.same_noise_in_group with noise_level 0 (the ODE sampler) draws a group's images "
+                "alike, so no group has a reward spread; set same_noise_in_group: false"
+            )
+        steps = self.nft.timesteps_per_sample
+        if steps is not None and steps > self.sampling.num_steps:
+            raise ValueError(f"nft.timesteps_per_sample {steps}: at most sampling.num_steps {self.sampling.num_steps}")
+        return self
+
+    @property
+    def trained_timesteps(self) -> int:
+        """Noise levels per sample and pass: `nft.timesteps_per_sample`, by default all steps but one."""
+        return self.nft.timesteps_per_sample or max(1, self.sampling.num_steps - 1)
 
 
 class PretrainConfig(JobConfig):

@@ -120,7 +120,9 @@ def export_checkpoint(
     found = checkpoints(run_dir)
     if not found:
         raise ValueError(f"{run_dir}: no complete checkpoint in {run_dir / 'checkpoints'}; expected a vlmr grpo run")
-    config = GRPOConfig.model_validate(json.loads((found[-1][1] / CHECKPOINT_CONFIG).read_text()))
+    saved = json.loads((found[-1][1] / CHECKPOINT_CONFIG).read_text())
+    # a `vlmr rwr` or `vlmr nft` run's own settings (temperature, nft) do not change what is exported
+    config = GRPOConfig.model_validate({name: saved[name] for name in GRPOConfig.model_fields if name in saved})
     path = {"latest": found[-1][1], "best": run_dir / "best"}.get(checkpoint, Path(checkpoint))
     if not (path / "model.safetensors").is_file():
         raise ValueError(

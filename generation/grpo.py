@@ -8,17 +8,22 @@ from the update (and counted). Several rewards combine in one of two ways:
   flat over the batch adds nothing), weighted sum, then group advantages of the sum;
 - "advantage": group advantages of each reward, then their weighted sum (a group is dropped only if
   every reward is flat in it).
+
+With `train.advantage: pairwise` (Pref-GRPO) a trained reward's value for an image is its win rate in its
+prompt group under the reward's `prefer` (`pairwise_win_rates`) instead of its score; the rest is the same.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+import itertools
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 import torch
 
+from vlm_rewards.interface import RewardRequest
 from vlm_rewards.normalization import Gather, group_statistics, group_zscore
 
 Aggregation = Literal["reward", "advantage"]
@@ -78,6 +83,53 @@ def combined_advantages(
         keep = np.logical_or.reduce([part.keep for part in parts.values()])
         return Advantages(np.where(keep, total, 0.0), keep, float((~keep).mean()))
     raise ValueError(f"aggregation {aggregation!r}; expected 'reward' or 'advantage'")
+
+
+def check_prefer(rewards: Mapping[str, object]) -> None:
+    """Pairwise advantages need every trained reward to judge pairs: refuse one without `prefer(a, b)`."""
+    for name, reward in rewards.items():
+        if not callable(getattr(reward, "prefer", None)):
+            raise ValueError(
+                f"train.advantage 'pairwise': reward {name!r} ({type(reward).__name__}) has no prefer(a, b); "
+                "expected a reward of the reward interface (RewardModel.prefer), or use advantage: pointwise"
+            )
+
+
+def pairwise_win_rates(
+    rewards: Mapping[str, object], images: np.ndarray, prompts: Sequence[str]
+) -> dict[str, np.ndarray]:
+    """Per trained reward, each image's win rate in its prompt group (`win_rates`), images as one-frame clips."""
+    requests = [RewardRequest(image[None], prompt) for image, prompt in zip(images, prompts)]
+    return {name: win_rates(reward.prefer, requests, prompts, name) for name, reward in rewards.items()}
+
+
+def win_rates(
+    prefer: Callable[[list[RewardRequest], list[RewardRequest]], np.ndarray],
+    requests: Sequence[RewardRequest],
+    groups: Sequence[Hashable],
+    name: str = "reward",
+) -> np.ndarray:
+    """(N,) mean over the other members j of i's group of P(i beats j); every pair judged once, as
+    prefer(earlier, later), with P(j beats i) = 1 − P(i beats j). One `prefer` call per group."""
+    wins, opponents = np.zeros(len(requests)), np.zeros(len(requests))
+    members: dict[Hashable, list[int]] = {}
+    for index, group in enumerate(groups):
+        members.setdefault(group, []).append(index)
+    for group, indices in members.items():
+        if len(indices) < 2:
+            raise ValueError(f"pairwise win rates: group {group!r} has one image; expected at least 2 per group")
+        first, second = np.array(list(itertools.combinations(indices, 2))).T
+        first_wins = np.asarray(prefer([requests[i] for i in first], [requests[j] for j in second]), np.float64)
+        if first_wins.shape != first.shape or not np.all((first_wins >= 0) & (first_wins <= 1)):
+            raise ValueError(
+                f"reward {name!r}: prefer gave {first_wins.tolist()[:8]} for the {len(first)} pairs of group "
+                f"{group!r}; expected one probability in [0, 1] per pair"
+            )
+        np.add.at(wins, first, first_wins)
+        np.add.at(wins, second, 1 - first_wins)
+        np.add.at(opponents, first, 1)
+        np.add.at(opponents, second, 1)
+    return wins / opponents
 
 
 def ppo_clip_loss(

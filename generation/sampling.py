@@ -34,6 +34,7 @@ class Rollout:
     log_probs: torch.Tensor  # (B, K)
     step_indices: torch.Tensor  # (B, K) int64
     images: np.ndarray  # (B, H, W, 3) uint8
+    clean_latents: torch.Tensor  # (B, C, h, w): the final latents `images` decode from (DiffusionNFT's x0)
 
     STEP_FIELDS: ClassVar[tuple[str, ...]] = ("latents", "next_latents", "timesteps", "log_probs", "step_indices")
 
@@ -48,6 +49,7 @@ class Rollout:
             self.embeddings[rows],
             *(getattr(self, name)[rows] for name in Rollout.STEP_FIELDS),
             self.images[index],
+            self.clean_latents[rows],
         )
 
     @staticmethod
@@ -57,6 +59,7 @@ class Rollout:
             PromptEmbeddings.cat([part.embeddings for part in parts]),
             *(torch.cat([getattr(part, name) for part in parts]) for name in Rollout.STEP_FIELDS),
             np.concatenate([part.images for part in parts]),
+            torch.cat([part.clean_latents for part in parts]),
         )
 
 
@@ -133,7 +136,7 @@ def sample_rollout(
         recorded["step_indices"].append(torch.full((len(prompts),), index, device=log_prob.device))
         latents = next_latents
     stacked = {name: torch.stack(values, dim=1) for name, values in recorded.items()}
-    return Rollout(prompts, embeddings, images=generator.decode(latents), **stacked)
+    return Rollout(prompts, embeddings, images=generator.decode(latents), clean_latents=latents, **stacked)
 
 
 @torch.no_grad()

@@ -20,6 +20,7 @@ import json
 import logging
 import math
 import shutil
+import time
 from collections.abc import Callable, Iterable
 from contextlib import nullcontext
 from dataclasses import replace
@@ -38,7 +39,9 @@ from vlm_rewards.generation.export import export_final
 from vlm_rewards.generation.grpo import (
     Advantages,
     ClipTracker,
+    check_prefer,
     combined_advantages,
+    pairwise_win_rates,
     ppo_clip_loss,
     ratio_diagnostics,
     reward_diagnostics,
@@ -87,19 +90,28 @@ START_OVER = "set resume=false to start over (this removes the checkpoints in ou
 
 # one epoch of sampling and updating: (accelerator, generator, denoiser, optimizer, rewards, config, epoch, ema)
 EpochStep = Callable[..., dict[str, float]]
+# (accelerator, the trained LoRA parameters) -> the epoch step of an algorithm with state of its own
+StepBuilder = Callable[[Accelerator, list[torch.nn.Parameter]], EpochStep]
 
 
 def run_grpo(
-    config: GRPOConfig, track: Callable[..., Iterable] | None = None, epoch_step: EpochStep | None = None
+    config: GRPOConfig,
+    track: Callable[..., Iterable] | None = None,
+    epoch_step: EpochStep | None = None,
+    prepare_step: StepBuilder | None = None,
 ) -> dict[str, list]:
     """Train; returns the history (metric -> [(epoch, value)]). `track` wraps the epoch loop (a progress bar).
 
     `epoch_step` is one epoch of sampling and updating (`grpo_epoch` by default; `vlm_rewards.generation.rwr` passes
     reward-weighted regression's): everything around it (LoRA, evaluation, checkpoints, resume) is shared.
+    `prepare_step` builds the epoch step instead, once the accelerator and the LoRA exist and before a checkpoint
+    is loaded, for an algorithm with state to checkpoint (`vlm_rewards.generation.nft`'s sampling policy).
     """
     epoch_step = epoch_step or grpo_epoch
     config = resolve_prompts(config)  # prompt files read and their splits checked before anything is built
     rewards = build_rewards(config)  # bad reward configs fail before any model is built
+    if config.train.advantage == "pairwise":
+        check_prefer(rewards.trained)
     checkpoint = resumable_checkpoint(config) if config.resume else None  # so do changed settings
     accelerator = Accelerator(
         mixed_precision=config.mixed_precision,
@@ -119,6 +131,8 @@ def run_grpo(
     ema = ParameterEMA(trainable, config.train.ema_decay) if config.train.ema_decay else None
     if ema is not None:
         accelerator.register_for_checkpointing(ema)
+    if prepare_step is not None:
+        epoch_step = prepare_step(accelerator, trainable)
     start_epoch, history = load_checkpoint(accelerator, checkpoint) if checkpoint else (0, {})
     truncate_logs(accelerator, config, checkpoint)
     accelerator.init_trackers(TENSORBOARD)
@@ -188,9 +202,14 @@ def sample_epoch(
         return sample_rollout(generator, prompts, config.sampling, seed, denoiser, negative)
 
     rollout, scores, timings = asyncio.run(collect_rollouts(sample_batch, config.train.batches_per_epoch, rewards))
+    trained = scores.trained
+    if config.train.advantage == "pairwise":  # win rates within this process's groups
+        start = time.perf_counter()
+        trained = pairwise_win_rates(rewards.trained, rollout.images, rollout.prompts)
+        timings["time/pairwise_s"] = time.perf_counter() - start
     gather = gather_object if accelerator.num_processes > 1 else None
     advantages = combined_advantages(
-        scores.trained,
+        trained,
         rewards.weights,
         rollout.prompts,
         config.rewards.aggregation,

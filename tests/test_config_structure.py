@@ -28,6 +28,7 @@ JOB_CONFIGS = {
     "pretrain-backbone": "vlm_rewards.robotics.config:BackboneConfig",
     "grpo": "vlm_rewards.generation.config:GRPOConfig",
     "rwr": "vlm_rewards.generation.config:RWRConfig",
+    "nft": "vlm_rewards.generation.config:NFTConfig",
     "pretrain-generator": "vlm_rewards.generation.config:PretrainConfig",
 }
 HEAVY_MODULES = ("torch", "transformers", "diffusers", "ray", "stable_baselines3", "accelerate")

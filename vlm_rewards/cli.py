@@ -344,6 +344,15 @@ def rwr(args: JobArgs = None) -> None:
     run_config_job(RWRConfig, lambda config: run_rwr(config, tqdm_track), args)
 
 
+@app.command()
+def nft(args: JobArgs = None) -> None:
+    """DiffusionNFT on a GRPO config's prompts and rewards: flow matching on its own samples, no log-probs."""
+    from vlm_rewards.generation.config import NFTConfig
+    from vlm_rewards.generation.nft import run_nft
+
+    run_config_job(NFTConfig, lambda config: run_nft(config, tqdm_track), args)
+
+
 @app.command("pretrain-backbone")
 def pretrain_backbone(args: JobArgs = None) -> None:
     """Pretrain the simulated world's small Qwen2.5-VL backbone on questions about ShapesWorld and Reach frames."""

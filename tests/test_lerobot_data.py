@@ -8,10 +8,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from tests.annotation_fixtures import make_lerobot_dataset, ramp_frames
+from vlm_rewards.annotation.lerobot_episodes import LeRobotEpisodes
 from vlm_rewards.config import load_job_config
 from vlm_rewards.data.config import LeRobotSource
 from vlm_rewards.data.lerobot import SARM_PROGRESS, LeRobotEpisodeData, episode_rows, list_episodes, write_lerobot
-from vlm_rewards.data.lerobot_episodes import LeRobotEpisodes
 from vlm_rewards.evaluation.config import EvalRMConfig
 from vlm_rewards.evaluation.evaluate import run_eval
 

@@ -11,7 +11,8 @@ from vlm_rewards.config import Settings
 
 
 class LeRobotSource(Settings):
-    """How a LeRobot v3 dataset is read as progress episodes (`vlm_rewards.data.lerobot_episodes.LeRobotEpisodes`)."""
+    """How a LeRobot v3 dataset is read as progress episodes
+    (`vlm_rewards.annotation.lerobot_episodes.LeRobotEpisodes`)."""
 
     camera: str | None = None
     """The video feature the reward model sees, e.g. observation.images.top; None: the first video feature."""

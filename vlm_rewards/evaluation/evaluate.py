@@ -29,10 +29,10 @@ from typing import Any
 
 import numpy as np
 
+from vlm_rewards.annotation.lerobot_episodes import LeRobotEpisodes
 from vlm_rewards.data.build import open_episodes, open_pairs
 from vlm_rewards.data.episodes import EpisodeDataset, EpisodeRecord, PairDataset
 from vlm_rewards.data.labels import mismatched_instruction
-from vlm_rewards.data.lerobot_episodes import LeRobotEpisodes
 from vlm_rewards.data.opengvl import read_opengvl_set
 from vlm_rewards.evaluation.config import EvalRMConfig
 from vlm_rewards.evaluation.metrics import (

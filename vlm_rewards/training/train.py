@@ -31,9 +31,9 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 
+from vlm_rewards.annotation.lerobot_episodes import LeRobotEpisodes
 from vlm_rewards.config import changed_settings
 from vlm_rewards.data.build import SyntheticData, open_episodes, open_pairs
-from vlm_rewards.data.lerobot_episodes import LeRobotEpisodes
 from vlm_rewards.evaluation.evaluate import evaluate_pair_dataset, evaluate_progress
 from vlm_rewards.evaluation.plots import plot_progress_curves, plot_training_curves
 from vlm_rewards.fingerprint import fingerprint

@@ -1,7 +1,8 @@
 """A LeRobot v3 dataset read as progress episodes for `vlmr train-rm` and `vlmr eval-rm`.
 
 The layout (listing, tasks, SARM progress files) is read by `vlm_rewards.data.lerobot`; the frames are
-decoded by the annotation job's decoder, which reads that layout too.
+decoded by the annotation job's decoder (this module sits beside it: training and evaluation read
+LeRobot data through it).
 """
 
 from __future__ import annotations

@@ -486,8 +486,10 @@ class PipelineConfig(JobConfig):
     further on them; the test conditions use the last round's RM."""
     rl: RLConfig = pydantic.Field(default_factory=_default_rl)
     """The RL runs of every condition and seed (run_dir, env, reward source and seed set by the pipeline)."""
-    conditions: list[Condition] = ["sparse", "dense", "learned", "oracle"]
-    """The rewards RL is run with on the test seeds, under equal budgets."""
+    conditions: list[Condition] = ["sparse", "learned", "oracle"]
+    """The rewards RL is run with on the test seeds, under equal budgets. The main job's default compares the
+    learned potential with the task's sparse reward and with the oracle (the true progress as the potential,
+    same weight: what a perfect RM gives); the full experiments add dense and scripted."""
     scripted_reward: str | None = None
     """The reward YAML (path or shipped name) of `scripted`; None: the task's shipped one (SCRIPTED_REWARDS)."""
     tuning: Tuning = Tuning()

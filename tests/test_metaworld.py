@@ -1,28 +1,40 @@
-"""Meta-World adapter (robotics/metaworld.py). Runs only where metaworld is installed, its own venv:
+"""Meta-World adapter (robotics/metaworld.py) and the Meta-World pipeline configs. The env tests run only where
+metaworld is installed, its own venv; the config checks run in the main venv too:
 
 bash scripts/setup_metaworld.sh
 MUJOCO_GL=egl .venv-metaworld/bin/python -m pytest -q tests/test_metaworld.py
 """
 
+import importlib.util
+import json
+from pathlib import Path
+
+import gymnasium as gym
 import numpy as np
 import pytest
+import yaml
+from typer.testing import CliRunner
 
-pytest.importorskip("metaworld")
+from vlm_rewards.cli import app
+from vlm_rewards.config import load_job_config
+from vlm_rewards.data.episodes import EpisodeDataset
+from vlm_rewards.interface import RewardResult
+from vlm_rewards.rewards.function import FunctionReward
+from vlm_rewards.robotics.config import PipelineConfig, RLConfig
+from vlm_rewards.robotics.experts import make_expert, pick_wrong_target, scripted_action
+from vlm_rewards.robotics.frames import CameraFrames
+from vlm_rewards.robotics.reward_wrapper import GymVectorReward, RewardWrapperConfig
 
-import gymnasium as gym  # noqa: E402
-from typer.testing import CliRunner  # noqa: E402
+HAS_METAWORLD = importlib.util.find_spec("metaworld") is not None
+needs_metaworld = pytest.mark.skipif(not HAS_METAWORLD, reason="no metaworld here (scripts/setup_metaworld.sh)")
+if HAS_METAWORLD:
+    from vlm_rewards.robotics.metaworld import INSTRUCTIONS, TASKS, instruction_for
+    from vlm_rewards.robotics.rl import RLRun
+else:
+    TASKS = ()
 
-from vlm_rewards.cli import app  # noqa: E402
-from vlm_rewards.data.episodes import EpisodeDataset  # noqa: E402
-from vlm_rewards.interface import RewardResult  # noqa: E402
-from vlm_rewards.rewards.function import FunctionReward  # noqa: E402
-from vlm_rewards.robotics.config import RLConfig  # noqa: E402
-from vlm_rewards.robotics.experts import make_expert, pick_wrong_target, scripted_action  # noqa: E402
-from vlm_rewards.robotics.frames import CameraFrames  # noqa: E402
-from vlm_rewards.robotics.metaworld import INSTRUCTIONS, TASKS, instruction_for  # noqa: E402
-from vlm_rewards.robotics.reward_wrapper import GymVectorReward, RewardWrapperConfig  # noqa: E402
-from vlm_rewards.robotics.rl import RLRun  # noqa: E402
-
+REPO = Path(__file__).resolve().parents[1]
+PIPELINE_CONFIGS = {"reach": "metaworld/reach-v3", "button_press": "metaworld/button-press-v3"}
 SOLVED_BY_THE_EXPERT = ("reach-v3", "push-v3", "pick-place-v3", "button-press-v3", "drawer-open-v3", "door-open-v3")
 
 
@@ -40,12 +52,14 @@ def run_expert(env: gym.Env, seed: int, steps: int, policy: str = "expert") -> d
     return info
 
 
+@needs_metaworld
 def test_every_v3_task_is_registered_and_has_a_written_instruction():
     assert len(TASKS) == 50 and set(INSTRUCTIONS) == set(TASKS)
     assert all(f"metaworld/{task}" in gym.registry for task in TASKS)
     assert instruction_for("open-the-box-v4") == "open the box"  # a task newer than the table
 
 
+@needs_metaworld
 @pytest.mark.parametrize("task", TASKS)
 def test_every_v3_task_resets_with_a_seed_renders_and_runs_its_expert(task):
     env = make(task, camera="corner2")
@@ -64,6 +78,7 @@ def test_every_v3_task_resets_with_a_seed_renders_and_runs_its_expert(task):
         env.close()
 
 
+@needs_metaworld
 @pytest.mark.parametrize("task", SOLVED_BY_THE_EXPERT)
 def test_the_expert_solves_a_sample_of_tasks(task):
     env = make(task)
@@ -76,6 +91,7 @@ def test_the_expert_solves_a_sample_of_tasks(task):
         env.close()
 
 
+@needs_metaworld
 def test_bad_input_fails_loudly():
     with pytest.raises(ValueError, match="v3 tasks"):
         gym.make("metaworld/reach-v3", task="reach-v9")
@@ -98,6 +114,7 @@ def brightness(request) -> RewardResult:
     return RewardResult(float(progress[-1]), progress)
 
 
+@needs_metaworld
 def test_the_gym_vector_reward_wrapper_scores_metaworld_frames():
     reward = FunctionReward(brightness, value_range=(0.0, 1.0), dense=True, causal=True)
     factories = [lambda: CameraFrames(make("button-press-v3", camera="corner"), cameras=["corner"])] * 2
@@ -112,6 +129,7 @@ def test_the_gym_vector_reward_wrapper_scores_metaworld_frames():
         envs.close()
 
 
+@needs_metaworld
 def test_collect_cli_writes_a_metaworld_episode_dataset(tmp_path):
     out = tmp_path / "reach"
     overrides = [f"output={out}", "env.num_envs=2", "env.width=32", "env.height=32", "env.max_episode_steps=80",
@@ -128,6 +146,7 @@ def test_collect_cli_writes_a_metaworld_episode_dataset(tmp_path):
     assert not episodes["random"].success and np.all(episodes["random"].progress == 0)
 
 
+@needs_metaworld
 def test_a_tiny_ppo_run_on_a_metaworld_task(tmp_path):
     env = {"id": "metaworld/reach-v3", "num_envs": 2, "width": 32, "height": 32, "camera": "corner",
            "max_episode_steps": 16}  # fmt: skip
@@ -139,3 +158,51 @@ def test_a_tiny_ppo_run_on_a_metaworld_task(tmp_path):
     assert run.train()["timesteps"] == 64
     run.close()
     assert (tmp_path / "run/eval.jsonl").is_file() and list((tmp_path / "run/videos").glob("eval_*.mp4"))
+
+
+@pytest.mark.parametrize("name", PIPELINE_CONFIGS)
+def test_the_feasibility_pipeline_configs_load_and_follow_the_main_recipe(name):
+    """Read and checked without metaworld: the pipeline config is pydantic only."""
+    config = load_job_config(PipelineConfig, REPO / "configs/experiments/metaworld" / f"{name}.yaml")
+    assert config.env.id == PIPELINE_CONFIGS[name] and config.env.camera == config.rl.reward.wrapper.camera == "corner"
+    assert config.conditions == ["sparse", "dense", "learned", "oracle"] and config.test_seeds == [0, 1, 2]
+    assert not config.tuning.candidates and not config.tuning_seeds  # the main recipe's shaping weight, untuned
+    assert config.rl.reward.wrapper.scale == PipelineConfig().rl.reward.wrapper.scale
+    assert config.progress_rm.model.backbone == "simworld" and config.preference_stage is None
+    # Meta-World has no distractor, no second goal and no goal render
+    assert config.collect.episodes["wrong_object"] == config.eval_episodes["wrong_object"] == 0  # defaults have some
+    assert not config.collect.relabel_targets and not config.collect.goal_reference
+    assert config.env.max_episode_steps + 1 <= config.progress_rm.model.reward.max_frames
+    assert "FEASIBILITY" in (REPO / "configs/experiments/metaworld" / f"{name}.yaml").read_text().split("\n", 1)[0]
+
+
+REDUCED_PIPELINE = [
+    "env.num_envs=2", "env.max_episode_steps=12", "collect.episodes={expert: 2, noisy: 1, random: 1}",
+    "eval_episodes={expert: 1, noisy: 1, random: 1}", "progress_rm.optim.steps=2", "progress_rm.optim.batch_size=4",
+    "progress_rm.optim.warmup_steps=1", "progress_rm.eval_every=2", "progress_rm.save_every=2",
+    "rl.total_timesteps=48", "rl.sac.learning_starts=16", "rl.sac.batch_size=16", "rl.eval.every=48",
+    "rl.eval.episodes=1", "rl.checkpoint_every=48", "test_seeds=[0]",
+]  # fmt: skip
+
+
+@needs_metaworld
+@pytest.mark.slow
+@pytest.mark.parametrize("name", PIPELINE_CONFIGS)
+def test_the_feasibility_pipeline_runs_on_metaworld_in_a_reduced_size(name, tmp_path):
+    out = tmp_path / name
+    config = f"configs/experiments/metaworld/{name}.yaml"
+    result = CliRunner().invoke(app, ["pipeline", config, f"output_dir={out}", *REDUCED_PIPELINE])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["rl"]) == {"sparse", "dense", "learned", "oracle"} and len(summary["runs"]) == 4
+    assert {"voc_expert", "reward_policy_random"} <= set(summary["reward_model"]["2x"])
+    episodes = {part: json.loads((out / "data" / part / "meta.json").read_text()) for part in ("train", "eval_2x")}
+    assert episodes["train"]["num_episodes"] == 4 and episodes["eval_2x"]["num_episodes"] == 3
+    held_out = EpisodeDataset(out / "data" / "eval_2x")
+    assert {len(episode.frames) for episode in held_out} == {13}  # 24 steps every 2nd frame, first and last
+    learned = yaml.safe_load((out / "rl" / "learned_seed0" / "config.yaml").read_text())
+    assert learned["env"]["id"] == PIPELINE_CONFIGS[name] and learned["reward"]["wrapper"]["camera"] == "corner"
+    monitor = (out / "rl" / "learned_seed0" / "monitor.jsonl").read_text().splitlines()
+    assert monitor and "reward/corr_progress_true" in json.loads(monitor[0])
+    for path in ("report.md", "success_curves.png", "rm/model/reward_model.json", "eval_rm_1x/metrics.json"):
+        assert (out / path).is_file(), path

@@ -40,7 +40,7 @@ from vlm_rewards.generation.ema import ParameterEMA
 from vlm_rewards.generation.models import ImageGenerator, predict
 from vlm_rewards.generation.rewards import RewardSet
 from vlm_rewards.generation.sampling import Rollout
-from vlm_rewards.generation.train import EpochStep, derived_seed, run_grpo, sample_epoch
+from vlm_rewards.generation.train import EpochStep, derived_seed, minibatches, run_grpo, sample_epoch
 
 ADAPTIVE_WEIGHT_MIN = 1e-5  # the reference's floor of the adaptive weight, mean|x̂0 − x0|
 
@@ -114,34 +114,30 @@ def fit_nft(
     rng = np.random.default_rng(derived_seed(config.seed, epoch, "shuffle", accelerator.process_index))
     noise_rng = torch.Generator().manual_seed(derived_seed(config.seed, epoch, "noise", accelerator.process_index))
     step_logs = []
-    for _ in range(config.train.inner_epochs):
-        order = rng.permutation(len(rollout))
-        for start in range(0, len(order), config.train.train_batch_size):
-            index = order[start : start + config.train.train_batch_size]
-            minibatch = rollout.select(index)
-            minibatch_optimality = torch.tensor(optimality[index], dtype=torch.float32, device=accelerator.device)
-            levels = rng.permuted(np.tile(np.arange(num_steps), (len(index), 1)), axis=1)
-            for k in range(config.trained_timesteps):
-                with accelerator.accumulate(denoiser):
-                    loss, logs = level_loss(
-                        accelerator,
-                        generator,
-                        denoiser,
-                        old,
-                        minibatch,
-                        levels[:, k],
-                        minibatch_optimality,
-                        config,
-                        noise_rng,
-                    )
-                    accelerator.backward(loss)
-                    if accelerator.sync_gradients:
-                        accelerator.clip_grad_norm_(denoiser.parameters(), config.train.grad_clip)
-                    optimizer.step()
-                    optimizer.zero_grad()
-                    if ema is not None and accelerator.sync_gradients:
-                        ema.update()
-                step_logs.append(logs)
+    for index, minibatch in minibatches(rollout, np.arange(len(rollout)), config.train, rng):
+        minibatch_optimality = torch.tensor(optimality[index], dtype=torch.float32, device=accelerator.device)
+        levels = rng.permuted(np.tile(np.arange(num_steps), (len(index), 1)), axis=1)
+        for k in range(config.trained_timesteps):
+            with accelerator.accumulate(denoiser):
+                loss, logs = level_loss(
+                    accelerator,
+                    generator,
+                    denoiser,
+                    old,
+                    minibatch,
+                    levels[:, k],
+                    minibatch_optimality,
+                    config,
+                    noise_rng,
+                )
+                accelerator.backward(loss)
+                if accelerator.sync_gradients:
+                    accelerator.clip_grad_norm_(denoiser.parameters(), config.train.grad_clip)
+                optimizer.step()
+                optimizer.zero_grad()
+                if ema is not None and accelerator.sync_gradients:
+                    ema.update()
+            step_logs.append(logs)
     return {f"train/{name}": float(np.mean([logs[name] for logs in step_logs])) for name in step_logs[0]}
 
 

@@ -24,7 +24,7 @@ from vlm_rewards.generation.models import ImageGenerator
 from vlm_rewards.generation.pretrain import flow_matching_loss
 from vlm_rewards.generation.rewards import RewardSet
 from vlm_rewards.generation.sampling import Rollout
-from vlm_rewards.generation.train import derived_seed, run_grpo, sample_epoch
+from vlm_rewards.generation.train import derived_seed, minibatches, run_grpo, sample_epoch
 
 
 def run_rwr(config: RWRConfig, track: Callable[..., Iterable] | None = None) -> dict[str, list]:
@@ -72,20 +72,16 @@ def fit_weighted(
     rng = np.random.default_rng(derived_seed(config.seed, epoch, "shuffle", accelerator.process_index))
     noise_rng = torch.Generator().manual_seed(derived_seed(config.seed, epoch, "noise", accelerator.process_index))
     losses = []
-    for _ in range(config.train.inner_epochs):
-        order = rng.permutation(len(rollout))
-        for start in range(0, len(order), config.train.train_batch_size):
-            index = order[start : start + config.train.train_batch_size]
-            minibatch = rollout.select(index)
-            minibatch_weights = torch.tensor(weights[index], dtype=torch.float32)
-            loss = flow_matching_loss(
-                generator, minibatch.embeddings, minibatch.images, noise_rng, minibatch_weights, denoiser
-            )
-            optimizer.zero_grad()
-            accelerator.backward(loss)
-            accelerator.clip_grad_norm_(denoiser.parameters(), config.train.grad_clip)
-            optimizer.step()
-            if ema is not None:
-                ema.update()
-            losses.append(loss.item())
+    for index, minibatch in minibatches(rollout, np.arange(len(rollout)), config.train, rng):
+        minibatch_weights = torch.tensor(weights[index], dtype=torch.float32)
+        loss = flow_matching_loss(
+            generator, minibatch.embeddings, minibatch.images, noise_rng, minibatch_weights, denoiser
+        )
+        optimizer.zero_grad()
+        accelerator.backward(loss)
+        accelerator.clip_grad_norm_(denoiser.parameters(), config.train.grad_clip)
+        optimizer.step()
+        if ema is not None:
+            ema.update()
+        losses.append(loss.item())
     return {"train/weighted_loss": float(np.mean(losses))}

@@ -21,7 +21,7 @@ import logging
 import math
 import shutil
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
@@ -256,31 +256,25 @@ def update_policy(
     step_logs: list[dict[str, float]] = []
     agreement = GradientAgreement()
     clipping = ClipTracker(config.train.clip_range)
-    for _ in range(config.train.inner_epochs):
-        order = rng.permutation(kept)
-        for start in range(0, len(order), config.train.train_batch_size):
-            index = order[start : start + config.train.train_batch_size]
-            minibatch = rollout.select(index)
-            minibatch_advantages = torch.tensor(
-                advantages.values[index], dtype=torch.float32, device=accelerator.device
-            )
-            for k in range(minibatch.latents.shape[1]):
-                with accelerator.accumulate(denoiser):
-                    loss, logs = step_loss(
-                        accelerator, generator, denoiser, minibatch, k, minibatch_advantages, config, clipping
-                    )
-                    accelerator.backward(loss)
-                    if accelerator.sync_gradients:
-                        accelerator.clip_grad_norm_(denoiser.parameters(), config.train.grad_clip)
-                        agreement.add(denoiser)
-                        optimizer_step = accelerator.step // accelerator.gradient_accumulation_steps
-                        update = {f"optimizer_step/{name}": value for name, value in clipping.optimizer_step().items()}
-                        accelerator.log(update, step=optimizer_step)
-                    optimizer.step()
-                    optimizer.zero_grad()
-                    if ema is not None and accelerator.sync_gradients:
-                        ema.update()
-                step_logs.append(logs)
+    for index, minibatch in minibatches(rollout, kept, config.train, rng):
+        minibatch_advantages = torch.tensor(advantages.values[index], dtype=torch.float32, device=accelerator.device)
+        for k in range(minibatch.latents.shape[1]):
+            with accelerator.accumulate(denoiser):
+                loss, logs = step_loss(
+                    accelerator, generator, denoiser, minibatch, k, minibatch_advantages, config, clipping
+                )
+                accelerator.backward(loss)
+                if accelerator.sync_gradients:
+                    accelerator.clip_grad_norm_(denoiser.parameters(), config.train.grad_clip)
+                    agreement.add(denoiser)
+                    optimizer_step = accelerator.step // accelerator.gradient_accumulation_steps
+                    update = {f"optimizer_step/{name}": value for name, value in clipping.optimizer_step().items()}
+                    accelerator.log(update, step=optimizer_step)
+                optimizer.step()
+                optimizer.zero_grad()
+                if ema is not None and accelerator.sync_gradients:
+                    ema.update()
+            step_logs.append(logs)
     means = {f"train/{name}": float(np.mean([logs[name] for logs in step_logs])) for name in step_logs[0]}
     return means | agreement.logs() | clipping.logs()
 
@@ -305,6 +299,18 @@ class GradientAgreement:
 
     def logs(self) -> dict[str, float]:
         return {"train/gradient_cosine": float(np.mean(self.cosines))} if self.cosines else {}
+
+
+def minibatches(
+    rollout: Rollout, candidates: np.ndarray, train: Train, rng: np.random.Generator
+) -> Iterator[tuple[np.ndarray, Rollout]]:
+    """`train.inner_epochs` passes over the samples `candidates` in a new order each (drawn from `rng`), in
+    minibatches of `train.train_batch_size`: (sample indices, the rollout's minibatch)."""
+    for _ in range(train.inner_epochs):
+        order = rng.permutation(candidates)
+        for start in range(0, len(order), train.train_batch_size):
+            index = order[start : start + train.train_batch_size]
+            yield index, rollout.select(index)
 
 
 def step_loss(

@@ -486,6 +486,11 @@ class PipelineConfig(JobConfig):
     further on them; the test conditions use the last round's RM."""
     rl: RLConfig = pydantic.Field(default_factory=_default_rl)
     """The RL runs of every condition and seed (run_dir, env, reward source and seed set by the pipeline)."""
+    rl_workers: int = pydantic.Field(2, ge=1)
+    """RL runs trained at the same time, each in its own process with an equal share of the CPU cores as its
+    torch threads (1: one after another, in this process; the small SAC networks leave a second core mostly
+    idle). A run's numbers can differ in the last float bits with its thread count, so compare runs made
+    with the same setting."""
     conditions: list[Condition] = ["sparse", "learned", "oracle"]
     """The rewards RL is run with on the test seeds, under equal budgets. The main job's default compares the
     learned potential with the task's sparse reward and with the oracle (the true progress as the potential,

@@ -21,7 +21,8 @@ checkpoint):
 6. `rl/<condition>_seed<s>/`: `vlmr rl` per condition (sparse | dense | learned | oracle | goal_image |
    scripted) on every test seed, once, equal budgets. `scripted` is the learned condition's wrapper with
    a hand-written reward that reads the same frames; `oracle` the wrapper with the env's true progress
-   as the potential (what a perfect progress RM would give RL).
+   as the potential (what a perfect progress RM would give RL). `rl_workers` > 1 trains that many runs at
+   once, each in its own process.
 7. `report.md`, `summary.json` + `success_curves.png`, `reward_fidelity.png` (vlm_rewards.robotics.report):
    IQM and bootstrap CIs per condition over the test seeds, the tuning table, every RL run accounted for,
    the RM's on-policy agreement with the true reward, and a hacking check.
@@ -33,6 +34,9 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import yaml
@@ -191,6 +195,16 @@ class Pipeline:
             run_rl(config)
         return run_dir
 
+    def train_runs(self, configs: list[RLConfig]) -> list[Path]:
+        """`train_rl` of every config, `rl_workers` at a time (each in its own process); their run folders."""
+        workers = min(self.config.rl_workers, len(configs))
+        if workers <= 1:
+            return [self.train_rl(config) for config in configs]
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        spawn = multiprocessing.get_context("spawn")  # no forked copy of this process's torch and render state
+        with ProcessPoolExecutor(workers, mp_context=spawn, initializer=_worker_setup, initargs=(threads,)) as pool:
+            return list(pool.map(self.train_rl, configs))
+
     def off_test_update(self, update: dict) -> dict:
         """`update` for a run that is not a test run: evaluated on the tuning evaluation seeds."""
         return deep_merge(update, {"eval": {"seed_start": self.config.tuning.eval_seed_start}})
@@ -201,10 +215,12 @@ class Pipeline:
         round_, folder = self.config.rounds[index], self.root / f"round{index + 1}"
         reward_yaml = self.write_reward_yaml(stage_dir)
         update = self.off_test_update(deep_merge(round_.rl, {"keep_policy_snapshots": True}))
-        run_dirs = [
-            self.train_rl(self.rl_config("learned", seed, reward_yaml, folder / "rl" / f"learned_seed{seed}", update))
-            for seed in round_.seeds
-        ]
+        run_dirs = self.train_runs(
+            [
+                self.rl_config("learned", seed, reward_yaml, folder / "rl" / f"learned_seed{seed}", update)
+                for seed in round_.seeds
+            ]
+        )
         self.collect_snapshots(index, run_dirs, folder / "data" / "train")
         stage = self.config.round_progress_stage(index)
         return self.train_stage(stage, folder / "rm", str(stage_dir / "model"), rounds=index + 1), run_dirs
@@ -236,23 +252,33 @@ class Pipeline:
     def tune(self, reward_yaml: Path) -> dict[str, list[Path]]:
         """Every tuning candidate on every tuning seed with `tuning.condition`; the runs per candidate."""
         tuning = self.config.tuning
-        runs: dict[str, list[Path]] = {}
-        for name, update in tuning.candidates.items():
-            for seed in self.config.tuning_seeds:
-                run_dir = self.root / "tuning" / f"{name}_seed{seed}"
-                config = self.rl_config(tuning.condition, seed, reward_yaml, run_dir, self.off_test_update(update))
-                runs.setdefault(name, []).append(self.train_rl(config))
-        return runs
+        configs = {
+            name: [
+                self.rl_config(
+                    tuning.condition,
+                    seed,
+                    reward_yaml,
+                    self.root / "tuning" / f"{name}_seed{seed}",
+                    self.off_test_update(update),
+                )
+                for seed in self.config.tuning_seeds
+            ]
+            for name, update in tuning.candidates.items()
+        }
+        return self.train_grouped(configs)
+
+    def train_grouped(self, configs: dict[str, list[RLConfig]]) -> dict[str, list[Path]]:
+        """`train_runs` over every group's configs together; the run folders per group."""
+        self.train_runs([config for group in configs.values() for config in group])
+        return {name: [Path(config.run_dir) for config in group] for name, group in configs.items()}
 
     def run_tests(self, reward_yaml: Path, update: dict) -> dict[str, list[Path]]:
         """Every condition on every test seed, once, with the chosen candidate's `update`."""
-        return {
-            condition: [
-                self.train_rl(self.rl_config(condition, seed, reward_yaml, update=update))
-                for seed in self.config.test_seeds
-            ]
+        configs = {
+            condition: [self.rl_config(condition, seed, reward_yaml, update=update) for seed in self.config.test_seeds]
             for condition in self.config.conditions
         }
+        return self.train_grouped(configs)
 
     def rollout_voc(self, reward: str | Path | dict, run_dirs: list[Path]) -> dict[str, list[dict]]:
         """The RM's VOC on the policy's own evaluation rollouts (`videos/eval_<steps>.mp4`, the first
@@ -308,3 +334,11 @@ class Pipeline:
 
 def run_pipeline(config: PipelineConfig, track: Track | None = None) -> Path:
     return Pipeline(config, track).run()
+
+
+def _worker_setup(threads: int) -> None:
+    """An RL worker process: its share of the cores, and its runs' log lines on stderr."""
+    import torch
+
+    torch.set_num_threads(threads)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(processName)s %(message)s")

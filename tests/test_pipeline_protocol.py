@@ -222,6 +222,7 @@ def test_rounds_tuning_and_tests_run_in_order_and_a_rerun_redoes_nothing(tmp_pat
                 {"seeds": [101, 102], "rl": {"total_timesteps": 20, "checkpoint_every": 20}, "episodes": 2}],
         tuning=TUNED, tuning_seeds=[5], test_seeds=[0, 1, 2, 3, 4],
         rl={"eval": {"video": False}, "total_timesteps": 40},
+        rl_workers=1,  # the fakes live in this process
     )  # fmt: skip
     Pipeline(config).run()
 

@@ -30,6 +30,7 @@ REDUCED = [
     "rounds=[{seeds: [100], rl: {total_timesteps: 40, checkpoint_every: 20}, episodes: 1, "
     "progress_rm: {optim: {steps: 2}}}]",
     "tuning={candidates: {x5: {reward: {wrapper: {scale: 5.0}}}}}", "tuning_seeds=[7]", "test_seeds=[0]",
+    "rl_workers=2",  # the test runs go through the pool of worker processes
 ]  # fmt: skip
 
 

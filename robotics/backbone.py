@@ -56,21 +56,26 @@ def run_pretrain_backbone(config: BackboneConfig, track: Track | None = None) ->
 def starting_backbone(init_from: Path | None, track: Track | None) -> Path | None:
     """The model an `init_from` names: a backbone folder as it is, or the export of a stage config run first
     (a finished run only re-exports; its `ship_to` is ignored so that only the last stage ships)."""
-    if init_from is None:
-        return None
-    if init_from.suffix in (".yaml", ".yml"):
-        stage = load_job_config(BackboneConfig, init_from).model_copy(update={"ship_to": None})
-        return run_pretrain_backbone(stage, track)
-    if not (init_from / "config.json").is_file():
+    stage = earlier_stage(init_from)
+    if stage is not None:
+        return run_pretrain_backbone(stage.model_copy(update={"ship_to": None}), track)
+    if init_from is not None and not (init_from / "config.json").is_file():
         raise ValueError(f"init_from: {init_from} is neither a backbone config (.yaml) nor a model folder")
     return init_from
+
+
+def earlier_stage(init_from: Path | None) -> BackboneConfig | None:
+    """The stage config an `init_from` names; None when it names a model folder or nothing."""
+    if init_from is None or init_from.suffix not in (".yaml", ".yml"):
+        return None
+    return load_job_config(BackboneConfig, init_from)
 
 
 def stages(config: BackboneConfig) -> list[BackboneConfig]:
     """The chain of stage configs that built `config`'s backbone, first stage first."""
     chain = [config]
-    while chain[0].init_from is not None and chain[0].init_from.suffix in (".yaml", ".yml"):
-        chain.insert(0, load_job_config(BackboneConfig, chain[0].init_from))
+    while (stage := earlier_stage(chain[0].init_from)) is not None:
+        chain.insert(0, stage)
     return chain
 
 

@@ -96,11 +96,19 @@ def load_clip(name: str, processor: str | None, kind: str, dtype: DType) -> tupl
     return clip, load_clip_processor(processor or name, kind), weights
 
 
-def clip_image_features(clip: CLIPModel, processor: CLIPProcessor, frames: list[np.ndarray]) -> torch.Tensor:
-    """(N, D) projected image embeddings (not normalised, float32) of N (H, W, 3) uint8 frames."""
-    inputs = processor(images=frames, input_data_format="channels_last", return_tensors="pt")
-    pixels = inputs["pixel_values"].to(clip.device, clip.dtype)
-    return clip.get_image_features(pixel_values=pixels).pooler_output.float()
+def clip_image_features(
+    clip: CLIPModel, processor: CLIPProcessor, frames: list[np.ndarray], batch_size: int
+) -> torch.Tensor:
+    """(N, D) projected image embeddings (not normalised, float32) of N (H, W, 3) uint8 frames, `batch_size`
+    frames per forward pass."""
+    features = []
+    for start in range(0, len(frames), batch_size):
+        inputs = processor(
+            images=frames[start : start + batch_size], input_data_format="channels_last", return_tensors="pt"
+        )
+        pixels = inputs["pixel_values"].to(clip.device, clip.dtype)
+        features.append(clip.get_image_features(pixel_values=pixels).pooler_output.float())
+    return torch.cat(features)
 
 
 def clip_text_features(clip: CLIPModel, processor: CLIPProcessor, texts: list[str]) -> torch.Tensor:
@@ -160,10 +168,7 @@ class ImageScore(BaseReward):
     def _score(self, requests: list[RewardRequest]) -> list[RewardResult]:
         frames = [frame for request in requests for frame in request.frames]
         owners = [i for i, request in enumerate(requests) for _ in range(request.num_frames)]
-        size = self.params.batch_size
-        images = torch.cat(
-            [clip_image_features(self.clip, self.processor, frames[i : i + size]) for i in range(0, len(frames), size)]
-        )
+        images = clip_image_features(self.clip, self.processor, frames, self.params.batch_size)
         texts = None
         if self.text_conditioned:
             texts = clip_text_features(self.clip, self.processor, [request.text for request in requests])[owners]

@@ -271,9 +271,7 @@ class SARMReward(BaseReward):
     def _score(self, requests: list[RewardRequest]) -> list[RewardResult]:
         frames = [frame for request in requests for frame in request.frames]
         size = self.params.batch_size
-        images = torch.cat(
-            [clip_image_features(self.clip, self.processor, frames[i : i + size]) for i in range(0, len(frames), size)]
-        )
+        images = clip_image_features(self.clip, self.processor, frames, size)
         texts = clip_text_features(self.clip, self.processor, [request.text for request in requests])
         clips = images.split([request.num_frames for request in requests])
         return [

@@ -3,6 +3,8 @@
     reward = RemoteReward("http://127.0.0.1:8000")      # fetches and pins the served spec and version
     results = reward.score(requests)                    # one HTTP call per batch
     results = await reward.ascore(requests)             # native async (httpx.AsyncClient)
+    with reward.open_session(texts, references) as session:   # held on one replica (RL)
+        values = session.append(new_frames)             # one frame per stream crosses the wire
 
 or from YAML (`kind: remote`, `url: ...`), so every consumer runs unchanged against a server.
 Requests are checked locally against the pinned spec before they are sent (bad input is a
@@ -12,7 +14,9 @@ a call's first failure (60 by default: long enough for Serve to restart its HTTP
 never are. A retry resends the same body under the same request id, and rewards are pure functions
 of their requests, so a retry cannot change a result, and each request gets exactly one result. If
 the server starts serving another reward version, calls fail with `RewardVersionError` instead of
-mixing outputs of two versions.
+mixing outputs of two versions. A session lives on the replica that opened it (the served reward's own
+session: a trained RM keeps its KV cache there); an append sends only the new frames, and a retried
+append is answered from the server's record of it, never appended twice.
 
 Imports only numpy, pydantic, the standard library and httpx: no torch, no ray.
 """
@@ -25,7 +29,7 @@ import random
 import time
 import uuid
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -38,7 +42,10 @@ from vlm_rewards.interface import (
     BaseReward,
     RewardRequest,
     RewardResult,
+    RewardSession,
     RewardSpec,
+    append_views,
+    stream_references,
     validate_requests,
     validate_results,
 )
@@ -48,7 +55,10 @@ from vlm_rewards.serving.wire import (
     CONTENT_TYPE,
     REQUEST_ID_HEADER,
     VERSION_HEADER,
+    encode_append,
+    encode_open,
     encode_prefer,
+    encode_reset,
     encode_score,
 )
 
@@ -167,6 +177,12 @@ class RemoteReward(BaseReward):
             return self._score_results(self._post("score", encode_score(list(requests))), len(requests))
         except ItemErrors as error:
             return [ValueError(error.errors[i]) if i in error.errors else o for i, o in enumerate(error.outcomes)]
+
+    def open_session(
+        self, texts: Sequence[str], references: Sequence[np.ndarray | None] | None = None
+    ) -> RemoteSession:
+        """A session held by the server (see `RemoteSession`); close it when done, or it expires there."""
+        return RemoteSession(self, texts, references)
 
     def close(self) -> None:
         if self._client is not None:
@@ -297,12 +313,7 @@ class RemoteReward(BaseReward):
         ) from outcome
 
     def _json(self, response: httpx.Response, endpoint: str, request_id: str | None = None) -> dict[str, Any]:
-        try:
-            data = response.json()
-        except ValueError:
-            data = {"error": response.text[:500]}
-        if not isinstance(data, dict):
-            data = {"error": repr(data)[:500]}
+        data = _body(response)
         status = response.status_code
         if request_id is not None and data.get("request_id") not in (None, request_id):
             raise RemoteRewardError(f"{self.url}: response for request {data.get('request_id')}, sent {request_id}")
@@ -315,8 +326,76 @@ class RemoteReward(BaseReward):
             raise ValueError(message)
         raise RemoteRewardError(message, status)
 
+    def _session_call(self, method: str, path: str, body: bytes | None = None, session: str | None = None) -> dict:
+        """One call of the session endpoints (retried like `_post`); a session the server does not hold
+        (closed, expired, its replica restarted) is a RemoteRewardError naming it."""
+        request_id = uuid.uuid4().hex  # the same id on every retry: the server answers a retried append once
+        url, headers = f"{self.url}/{API_VERSION}/{path}", self._headers(request_id)
+        if session is not None:
+            headers[self.server_info["sessions"]["header"]] = session  # Serve routes by it to the holding replica
+        response = self._retrying(lambda: self._sync_client().request(method, url, content=body, headers=headers))
+        if response.status_code == 404 and session is not None:
+            raise RemoteRewardError(f"{url}: session {session!r} is gone: {_body(response).get('error')}", 404)
+        data = self._json(response, path, request_id)
+        self._check_version(data)
+        return data
+
     def __repr__(self) -> str:
         return f"RemoteReward({self.url!r}, {self.spec.name!r}, version={self.spec.version!r})"
+
+
+class RemoteSession(RewardSession):
+    """B streams held by the server: `vlmr serve` keeps the served reward's own session on one replica, so
+    each `append` sends the new frames only and costs what the served session costs (a trained RM: the new
+    frames, with its KV cache). Values equal the served reward's in-process session."""
+
+    def __init__(
+        self, reward: RemoteReward, texts: Sequence[str], references: Sequence[np.ndarray | None] | None = None
+    ):
+        references = stream_references(texts, references)
+        self.reward = reward
+        data = reward._session_call("POST", "sessions", encode_open(texts, references))
+        self.id, self.replica = data["session"], data["replica"]
+        self._num_frames: list[int] = data["num_frames"]
+        self._closed = False
+
+    @property
+    def num_frames(self) -> list[int]:
+        return list(self._num_frames)
+
+    def append(
+        self, frames: Sequence[np.ndarray], views: Sequence[Mapping[str, np.ndarray]] | None = None
+    ) -> list[np.ndarray]:
+        views = append_views(frames, views, len(self._num_frames))
+        data = self._call("POST", "append", encode_append(frames, views))
+        self.last_components = data["components"]
+        return [np.array([math.nan if v is None else v for v in values], dtype=np.float64) for values in data["values"]]
+
+    def reset(self, index: int, text: str, reference: np.ndarray | None = None) -> None:
+        self._call("POST", "reset", encode_reset(index, text, reference))
+
+    def info(self) -> dict[str, Any]:
+        """The server's view: frames per stream, frames received in all, the replica that holds it."""
+        return self._call("GET", "")
+
+    def close(self) -> None:
+        """Close it on the server (a session the server already dropped counts as closed)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._call("DELETE", "")
+        except RemoteRewardError as error:
+            if error.status != 404:
+                raise
+
+    def _call(self, method: str, action: str, body: bytes | None = None) -> dict[str, Any]:
+        if self._closed and method != "DELETE":
+            raise RemoteRewardError(f"session {self.id!r} is closed")
+        path = f"sessions/{self.id}/{action}".rstrip("/")
+        data = self.reward._session_call(method, path, body, session=self.id)
+        self._num_frames = data.get("num_frames", self._num_frames)
+        return data
 
 
 class RetryBudget:
@@ -345,6 +424,15 @@ class RetryBudget:
             return None
         backoff = min(self.max_backoff, self.backoff * 2 ** (self.attempts - 1)) * (0.5 + random.random())
         return min(backoff, left)
+
+
+def _body(response: httpx.Response) -> dict[str, Any]:
+    """A response's JSON object, or {"error": its text} if it is not one."""
+    try:
+        data = response.json()
+    except ValueError:
+        return {"error": response.text[:500]}
+    return data if isinstance(data, dict) else {"error": repr(data)[:500]}
 
 
 def _count(items: Any) -> str:

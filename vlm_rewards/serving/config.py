@@ -40,6 +40,13 @@ class ReplicasConfig(Settings):
     """Seconds between Serve's health checks of each replica."""
 
 
+class SessionsConfig(Settings):
+    max_open: int = pydantic.Field(16, ge=1)
+    """Streaming sessions one replica holds at once; opening one more gets HTTP 429 (nothing is evicted)."""
+    idle_s: float = pydantic.Field(300.0, gt=0)
+    """Seconds a session may go unused before its replica drops it (and its cache); later calls get HTTP 404."""
+
+
 class ServeConfig(JobConfig):
     reward: str = "goal_pixel_progress"
     """The reward to serve: a reward YAML path or a config name in configs/rewards/."""
@@ -70,6 +77,8 @@ class ServeConfig(JobConfig):
     """How items of concurrent requests are gathered into one reward call."""
     replicas: ReplicasConfig = ReplicasConfig()
     """How many copies of the reward serve, and what each reserves."""
+    sessions: SessionsConfig = SessionsConfig()
+    """Streaming sessions (RL): how many a replica holds, and how long an unused one lives."""
     ray_address: str | None = None
     """An existing Ray cluster to join ("auto", "ray://head:10001"); None: $RAY_ADDRESS, else a local instance."""
     num_cpus: int | None = None

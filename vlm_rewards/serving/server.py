@@ -9,6 +9,21 @@ Endpoints (JSON responses; request bodies in the raw-buffer format of `vlm_rewar
     POST /v1/score     items -> per item {"result": RewardResult.to_json(), "batch_size"} or {"error", "status"}
     POST /v1/prefer    pairs -> per pair {"p": P(a > b), "batch_size"} or {"error", "status"}
 
+Streaming sessions (RL; see `vlm_rewards.serving.sessions`): each call after the open carries the session
+id in Serve's session header too (`SESSION_HEADER`), by which `SessionRouter` reaches the replica holding it.
+
+    POST   /v1/sessions              texts, references -> {"session", "replica", "streams"}
+    POST   /v1/sessions/{id}/append  per stream its new frames (and views) -> {"values", "components", "num_frames"}
+    POST   /v1/sessions/{id}/reset   index, text, reference -> {"num_frames"}
+    GET    /v1/sessions/{id}         {"num_frames", "frames_received", "idle_s", "replica"}
+    DELETE /v1/sessions/{id}         closes it
+
+The replica holds the served reward's own `open_session(...)` (a trained RM's KV cache), so an append
+costs the new frames only, on the wire and, for rewards that cache, in compute. Session statuses: 404
+unknown, closed or expired session (`sessions.idle_s`); 429 the replica holds `sessions.max_open`; 422
+the session refused the input (it is unchanged); 400 the session header is missing or differs from the
+path. A retried append (same request id) gets the first attempt's response without appending again.
+
 Every item is decoded and checked against the served spec (`validate_request`) *before* it joins a
 batch, so one bad item gets its own error while its batch-mates are scored. Items of all concurrent
 requests are gathered by `@serve.batch` into one `reward.score` call (up to `max_batch_size`, waiting
@@ -41,16 +56,28 @@ import ray
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from ray import serve
+from ray.serve.config import RequestRouterConfig
 
-from vlm_rewards.interface import RewardModel, RewardRequest, example_texts_of, validate_request
+from vlm_rewards.interface import RewardModel, RewardRequest, example_texts_of, json_safe, validate_request
 from vlm_rewards.serving.config import ServeConfig
+from vlm_rewards.serving.sessions import (
+    SESSION_HEADER,
+    SessionEntry,
+    SessionRouter,
+    SessionsFull,
+    SessionTable,
+    UnknownSession,
+)
 from vlm_rewards.serving.wire import (
     API_VERSION,
     REQUEST_ID_HEADER,
     VERSION_HEADER,
     DecodedBody,
     WireError,
+    decode_append,
     decode_body,
+    decode_open,
+    decode_reset,
 )
 
 logger = logging.getLogger(__name__)
@@ -69,7 +96,7 @@ class Metrics:
 
     def __init__(self, window: int = 10_000):
         self.started = time.time()
-        self.latencies: dict[str, deque[float]] = {"score": deque(maxlen=window), "prefer": deque(maxlen=window)}
+        self.latencies = {name: deque(maxlen=window) for name in ("score", "prefer", "append")}
         self.batch_sizes: deque[int] = deque(maxlen=window)
         self.batches = 0
         self.batched_items = 0
@@ -131,6 +158,15 @@ def _token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+@contextlib.contextmanager
+def _refused_input():
+    """A ValueError raised inside (a malformed body, input the reward refuses) becomes HTTP 422."""
+    try:
+        yield
+    except ValueError as error:
+        raise HTTPError(422, str(error)) from None
+
+
 def frame_pixels(request: RewardRequest) -> int:
     """Pixels (values over the 3 RGB channels) of a request's frames, reference and views as decoded."""
     clips = [request.frames, *request.views.values(), *([] if request.reference is None else [request.reference])]
@@ -159,6 +195,7 @@ class RewardDeployment:
         except Exception:  # noqa: BLE001 - outside a Serve replica (unit use)
             self.replica = f"pid-{os.getpid()}"
         self.metrics = Metrics()
+        self.sessions = SessionTable(self.replica, settings["max_sessions"], settings["session_idle_s"])
         self.ready_error: str | None = None
         self._warm_up()
 
@@ -188,7 +225,8 @@ class RewardDeployment:
         return await self._guard(request, "metrics", lambda: self._metrics_body())
 
     async def _metrics_body(self) -> dict[str, Any]:
-        return {"replica": self.replica, "version": self.spec.version, **self.metrics.to_json()}
+        metrics = self.metrics.to_json()
+        return {"replica": self.replica, "version": self.spec.version, **metrics, "sessions": self.sessions.to_json()}
 
     @app.get("/{api}/spec")
     async def spec_endpoint(self, api: str, request: Request) -> JSONResponse:
@@ -204,6 +242,7 @@ class RewardDeployment:
             "batching": self.batching,
             **self.limits,
             "example_texts": list(example_texts_of(self.reward)),
+            "sessions": {"header": SESSION_HEADER, "max_open": self.sessions.max_open, "idle_s": self.sessions.idle_s},
         }
 
     # ------------------------------------------------------------------ scoring
@@ -269,11 +308,17 @@ class RewardDeployment:
         return request
 
     def _check_request_pixels(self, requests: Iterable[RewardRequest]) -> None:
-        pixels, limit = sum(map(frame_pixels, requests)), self.limits["max_pixels_per_request"]
+        self._check_pixel_count(sum(map(frame_pixels, requests)), "the items")
+
+    def _check_pixels(self, arrays: Iterable[np.ndarray]) -> None:
+        self._check_pixel_count(sum(array.size for array in arrays) // 3, "the arrays")
+
+    def _check_pixel_count(self, pixels: int, what: str) -> None:
+        limit = self.limits["max_pixels_per_request"]
         if pixels > limit:
             raise HTTPError(
                 413,
-                f"the items decode to {pixels} pixels; this server takes at most {limit} per request "
+                f"{what} decode to {pixels} pixels; this server takes at most {limit} per request "
                 "(max_pixels_per_request); split the batch",
             )
 
@@ -321,6 +366,124 @@ class RewardDeployment:
         except Exception as error:  # noqa: BLE001
             logger.exception("reward.prefer failed")
             return [_bad(500, f"reward failed: {type(error).__name__}: {error}")] * len(pairs)
+
+    # ------------------------------------------------------------------ streaming sessions
+
+    @app.post("/{api}/sessions")
+    async def open_session(self, api: str, request: Request) -> JSONResponse:
+        return await self._guard(request, "open", lambda: self._open_body(api, request))
+
+    @app.post("/{api}/sessions/{session_id}/append")
+    async def append(self, api: str, session_id: str, request: Request) -> JSONResponse:
+        return await self._guard(request, "append", lambda: self._append_body(api, session_id, request))
+
+    @app.post("/{api}/sessions/{session_id}/reset")
+    async def reset(self, api: str, session_id: str, request: Request) -> JSONResponse:
+        return await self._guard(request, "reset", lambda: self._reset_body(api, session_id, request))
+
+    @app.get("/{api}/sessions/{session_id}")
+    async def session_info(self, api: str, session_id: str, request: Request) -> JSONResponse:
+        return await self._guard(request, "session", lambda: self._info_body(api, session_id, request))
+
+    @app.delete("/{api}/sessions/{session_id}")
+    async def close_session(self, api: str, session_id: str, request: Request) -> JSONResponse:
+        return await self._guard(request, "close", lambda: self._close_body(api, session_id, request))
+
+    async def _open_body(self, api: str, request: Request) -> dict[str, Any]:
+        body = await self._decode(api, request)
+        with _refused_input():
+            texts, references = decode_open(body)
+            self._check_pixels([reference for reference in references if reference is not None])
+            session = await asyncio.to_thread(self.reward.open_session, texts, references)
+        try:
+            entry = self.sessions.open(session)
+        except SessionsFull as error:
+            raise HTTPError(429, str(error)) from None
+        return {**self._session_json(entry), "streams": len(texts)}
+
+    async def _append_body(self, api: str, session_id: str, request: Request) -> dict[str, Any]:
+        body = await self._decode(api, request)
+        async with self._session(session_id, request) as entry:
+            request_id = request.headers.get(REQUEST_ID_HEADER)
+            if entry.last_append is not None and request_id is not None and entry.last_append[0] == request_id:
+                return entry.last_append[1]  # a retry of the append that was done last: not again
+            with _refused_input():
+                frames, views = decode_append(body)
+                self._check_pixels([*frames, *(view for named in views for view in named.values())])
+            values = await self._in_session(entry, lambda: entry.session.append(frames, views))
+            received = sum(len(new) for new in frames)
+            entry.frames_received += received
+            self.sessions.counts["frames_received"] += received
+            response = {
+                **self._session_json(entry),
+                "values": json_safe(values),
+                "components": json_safe(entry.session.last_components),
+            }
+            entry.last_append = (request_id, response)
+            return response
+
+    async def _reset_body(self, api: str, session_id: str, request: Request) -> dict[str, Any]:
+        body = await self._decode(api, request)
+        async with self._session(session_id, request) as entry:
+            with _refused_input():
+                index, text, reference = decode_reset(body)
+                self._check_pixels([] if reference is None else [reference])
+            await self._in_session(entry, lambda: entry.session.reset(index, text, reference))
+            return self._session_json(entry)
+
+    async def _info_body(self, api: str, session_id: str, request: Request) -> dict[str, Any]:
+        self._check_api(api)
+        async with self._session(session_id, request) as entry:
+            return self._session_json(entry)
+
+    async def _close_body(self, api: str, session_id: str, request: Request) -> dict[str, Any]:
+        self._check_api(api)
+        async with self._session(session_id, request) as entry:
+            closed = {**self._session_json(entry), "closed": True}
+            self.sessions.close(entry.id)
+            return closed
+
+    @contextlib.asynccontextmanager
+    async def _session(self, session_id: str, request: Request):
+        """The open session `session_id`, locked for this call (404 if unknown, 400 without its header)."""
+        header = request.headers.get(SESSION_HEADER)
+        if header != session_id:
+            raise HTTPError(
+                400,
+                f"session {session_id!r}: header {SESSION_HEADER} is {header!r}; send the session id in it too, "
+                "so that Serve routes the call to the replica that holds the session",
+            )
+        try:
+            entry = self.sessions.get(session_id)
+            async with entry.lock:
+                if self.sessions.entries.get(session_id) is not entry:  # closed while this call waited
+                    raise UnknownSession(f"session {session_id!r}: closed while this call waited for it")
+                yield entry
+        except UnknownSession as error:
+            raise HTTPError(404, str(error)) from None
+
+    async def _in_session(self, entry: SessionEntry, call: Callable) -> Any:
+        """Run a session call in a worker thread: its ValueError is a 422 (the session is unchanged); any
+        other error closes the session (its state is unknown) and is a 500."""
+        try:
+            return await asyncio.to_thread(call)
+        except ValueError as error:
+            raise HTTPError(422, f"session {entry.id!r}: {error}") from None
+        except Exception as error:  # noqa: BLE001 - reported; the replica keeps serving
+            logger.exception("session call failed")
+            message = f"session {entry.id!r} failed and was closed: {type(error).__name__}: {error}"
+            self.sessions.fail(entry.id, message)  # a retry of this call gets 404 with this message
+            raise HTTPError(500, message) from None
+
+    def _session_json(self, entry: SessionEntry) -> dict[str, Any]:
+        return {
+            "api": API_VERSION,
+            "version": self.spec.version,
+            "replica": self.replica,
+            "session": entry.id,
+            "num_frames": list(entry.session.num_frames),
+            "frames_received": entry.frames_received,
+        }
 
     # ------------------------------------------------------------------ plumbing
 
@@ -428,12 +591,15 @@ def build_app(config: ServeConfig):
         "max_batch_size": config.batching.max_batch_size,
         "wait_timeout_s": config.batching.wait_timeout_s,
         "token_sha256": None if token is None else _token_hash(token),  # replicas never see the token itself
+        "max_sessions": config.sessions.max_open,
+        "session_idle_s": config.sessions.idle_s,
     }
     deployment = RewardDeployment.options(
         num_replicas=count,
         ray_actor_options={"num_cpus": config.replicas.num_cpus, "num_gpus": num_gpus},
         max_ongoing_requests=config.max_ongoing_requests(),
         health_check_period_s=config.replicas.health_check_period_s,
+        request_router_config=RequestRouterConfig(request_router_class=SessionRouter),  # sessions stay put
     )
     return deployment.bind(reward_reference(config.reward), settings)
 

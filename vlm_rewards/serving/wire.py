@@ -105,6 +105,9 @@ class DecodedBody:
             raise ItemError(f"{where}: bytes {offset}..{offset + nbytes} lie outside the {len(self.blob)}-byte blob")
         return np.frombuffer(self.blob, dtype=dtype, count=math.prod(shape), offset=offset).reshape(shape)
 
+    def optional_array(self, reference: Any, where: str) -> np.ndarray | None:
+        return None if reference is None else self.array(reference, where)
+
     def request(self, item: Any, where: str) -> RewardRequest:
         """One item as a RewardRequest; ItemError naming the field if it is malformed."""
         if not isinstance(item, Mapping):
@@ -127,12 +130,10 @@ class DecodedBody:
         return RewardRequest(
             frames=self.array(item["frames"], f"{where}.frames"),
             text=item["text"],
-            reference=None if item.get("reference") is None else self.array(item["reference"], f"{where}.reference"),
+            reference=self.optional_array(item.get("reference"), f"{where}.reference"),
             views={str(name): self.array(view, f"{where}.views[{name!r}]") for name, view in views.items()},
             key=decode_key(item.get("key"), f"{where}.key"),
-            frame_index=None
-            if item.get("frame_index") is None
-            else self.array(item["frame_index"], f"{where}.frame_index"),
+            frame_index=self.optional_array(item.get("frame_index"), f"{where}.frame_index"),
         )
 
 
@@ -180,6 +181,72 @@ def encode_prefer(a: Sequence[RewardRequest], b: Sequence[RewardRequest], api: s
     encoder = Encoder()
     pairs = [{"a": encoder.item(x), "b": encoder.item(y)} for x, y in zip(a, b, strict=True)]
     return encoder.body({"api": api, "pairs": pairs})
+
+
+def encode_open(texts: Sequence[str], references: Sequence[np.ndarray | None], api: str = API_VERSION) -> bytes:
+    """The body of a `/v1/sessions` request (open a session): per stream its text and reference or None."""
+    encoder = Encoder()
+    refs = [None if reference is None else encoder.ref(np.asarray(reference)) for reference in references]
+    return encoder.body({"api": api, "texts": list(texts), "references": refs})
+
+
+def encode_append(
+    frames: Sequence[np.ndarray], views: Sequence[Mapping[str, np.ndarray]], api: str = API_VERSION
+) -> bytes:
+    """The body of a `/v1/sessions/{id}/append` request: per stream its new frames and views."""
+    encoder = Encoder()
+    frame_refs = [encoder.ref(np.asarray(new)) for new in frames]
+    view_refs = [{name: encoder.ref(np.asarray(view)) for name, view in dict(named).items()} for named in views]
+    return encoder.body({"api": api, "frames": frame_refs, "views": view_refs})
+
+
+def encode_reset(index: int, text: str, reference: np.ndarray | None, api: str = API_VERSION) -> bytes:
+    """The body of a `/v1/sessions/{id}/reset` request: restart stream `index`."""
+    encoder = Encoder()
+    ref = None if reference is None else encoder.ref(np.asarray(reference))
+    return encoder.body({"api": api, "index": index, "text": text, "reference": ref})
+
+
+def decode_open(body: DecodedBody) -> tuple[list[str], list[np.ndarray | None]]:
+    """`open_session`'s texts and references from a `/v1/sessions` body; ItemError naming the field."""
+    texts, references = body.header.get("texts"), body.header.get("references")
+    if not isinstance(texts, list) or not isinstance(references, list) or len(texts) != len(references):
+        raise ItemError("texts, references: expected two lists of the same length, one entry per stream")
+    for i, text in enumerate(texts):
+        _check_text(text, f"texts[{i}]")
+    return texts, [body.optional_array(reference, f"references[{i}]") for i, reference in enumerate(references)]
+
+
+def decode_append(body: DecodedBody) -> tuple[list[np.ndarray], list[dict[str, np.ndarray]]]:
+    """`append`'s frames and views from a `/v1/sessions/{id}/append` body; ItemError naming the field."""
+    frames, views = body.header.get("frames"), body.header.get("views")
+    if not isinstance(frames, list) or not isinstance(views, list) or len(frames) != len(views):
+        raise ItemError("frames, views: expected two lists of the same length, one entry per stream")
+    for i, named in enumerate(views):
+        if not isinstance(named, Mapping):
+            raise ItemError(f"views[{i}]: expected a mapping of view name -> array reference")
+    return (
+        [body.array(new, f"frames[{i}]") for i, new in enumerate(frames)],
+        [
+            {name: body.array(view, f"views[{i}][{name!r}]") for name, view in named.items()}
+            for i, named in enumerate(views)
+        ],
+    )
+
+
+def decode_reset(body: DecodedBody) -> tuple[int, str, np.ndarray | None]:
+    """`reset`'s stream index, text and reference from a `/v1/sessions/{id}/reset` body."""
+    index, text = body.header.get("index"), body.header.get("text")
+    if type(index) is not int:
+        raise ItemError(f"index: expected a stream index (int), got {_short(index)}")
+    _check_text(text, "text")
+    return index, text, body.optional_array(body.header.get("reference"), "reference")
+
+
+def _check_text(text: Any, where: str) -> None:
+    if not isinstance(text, str):
+        raise ItemError(f"{where}: expected a string, got {type(text).__name__}")
+    check_unicode(text, where)
 
 
 def decode_body(body: bytes | bytearray | memoryview) -> DecodedBody:

@@ -47,7 +47,7 @@ from stable_baselines3.common.vec_env import DummyVecEnv, VecEnv
 
 from vlm_rewards.interface import RewardModel
 from vlm_rewards.models.device import resolve_device, resolve_dtype
-from vlm_rewards.models.streaming import _fast_vision
+from vlm_rewards.models.fast_vision import fast_vision
 from vlm_rewards.models.trained_reward import TrainedRewardModel
 from vlm_rewards.registry import build_reward
 from vlm_rewards.robotics.config import EnvConfig
@@ -110,6 +110,8 @@ class Run:
     wall_s: float  # wall-clock seconds of the steps (and the final flush)
     cpu_s: float  # CPU seconds of this process, every thread (the reward worker, the renderer) included
     rewards: np.ndarray  # (steps, envs), deferred ones placed at their steps
+    graph_replays: int = 0  # KV-cache session steps replayed as CUDA graphs
+    graph_error: str | None = None  # why the session switched its CUDA graphs off, if it did
 
 
 def run_steps(venv: VecEnv, steps: int, seed: int) -> Run:
@@ -133,7 +135,11 @@ def run_steps(venv: VecEnv, steps: int, seed: int) -> Run:
 def run_with_reward(base: VecEnv, reward: RewardModel, config: RewardWrapperConfig, steps: int, seed: int) -> Run:
     venv = SB3VecReward(base, reward, config)
     try:
-        return run_steps(venv, steps, seed)
+        run = run_steps(venv, steps, seed)
+        step = getattr(venv.streams.session, "_language_step", None)  # a KVCacheSession's graphed step
+        if step is not None:
+            run.graph_replays, run.graph_error = step.replays, step.error
+        return run
     finally:
         venv.streams.close()  # not venv.close(): the base envs are reused
 
@@ -171,6 +177,8 @@ def measure_envs(config: BenchConfig, rewards: dict[str, RewardModel], num_envs:
                 "env_steps_per_s": frames / wall,
                 "overhead_wall": wall / env_wall - 1,
                 "overhead_cpu": cpu / env_cpu - 1,
+                "graph_replays": measured[-1].graph_replays,
+                "graph_error": measured[-1].graph_error,
                 "max_abs_diff_vs_sync": float(np.abs(measured[-1].rewards - sync[-1].rewards).max())
                 if key and sync
                 else None,
@@ -201,11 +209,11 @@ def run_benchmark(config: BenchConfig, workdir: Path) -> dict[str, Any]:
 def fast_paths(network) -> dict[str, Any]:
     """Which of the KV-cache session's checked fast paths ran: numpy pixels per frame size (bit-equal to the
     image processor), the batched Qwen2.5-VL vision tower (and its largest gap to the tower's forward)."""
-    vision = _fast_vision(network.backbone)
+    vision = fast_vision(network.backbone)
     return {
         "pixels_exact": {f"{h}x{w}": exact for (h, w), exact in network.builder.pieces._exact.items()},
         "pixel_fallback_calls": network.builder.pieces.fallbacks,
-        "vision": None if vision is None else {"enabled": vision.enabled, "max_abs_diff": vision.max_abs_diff},
+        "vision": None if vision is None else vision.summary(),  # on/off, the check's errors and bound
     }
 
 

@@ -162,3 +162,74 @@ def test_build_errors(backbones):
         builder.build([("push", SHORT_CLIP)], frame_orders=[[0, 1, 2], [0]])
     with pytest.raises(ValueError, match="empty batch"):
         builder.build([])
+
+
+def _processor_inputs(processor, batch_prompts, images, padding_side="right"):
+    return processor(
+        text=batch_prompts, images=images, do_resize=False, padding=True, padding_side=padding_side,
+        return_tensors="pt",
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("padding_side", ["right", "left"])
+def test_build_equals_the_processor(backbones, family, padding_side):
+    """Tokens expanded by the builder and pixels from `PieceEncoder` are the processor's to the bit."""
+    _, processor = backbones[family]
+    builder = ClipInputBuilder(processor, padding_side=padding_side)
+    wide = RNG.integers(0, 255, (2, 56, 112, 3), dtype=np.uint8)
+    samples = [
+        RewardRequest(SHORT_CLIP, "stack the cubes", reference=LONG_CLIP[:1], views={"wrist": SHORT_CLIP[::-1]}),
+        ("push the block", wide),
+    ]
+    batch = builder.build(samples, question="How far?")
+    prompts, images = [], []
+    for sample in samples:
+        request = builder._as_request(sample, "s")
+        prompt, sample_images, _ = builder._layout(
+            request, "s", "How far?", False, list(range(request.num_frames)), False
+        )
+        prompts.append(prompt)
+        images.extend(sample_images)
+    expected = _processor_inputs(processor, prompts, images, padding_side)
+    assert set(batch.model_inputs) == set(expected)
+    for name, value in expected.items():
+        assert torch.equal(batch.model_inputs[name], value), name
+
+
+class _FusedNormalize:
+    """An image processor whose rescale and normalise are one float32 step (as the torchvision backend
+    fuses them): other roundings than PIL's, still one value per (channel, value)."""
+
+    def __init__(self, image_processor, per_pixel_noise=False):
+        self.inner, self.per_pixel_noise = image_processor, per_pixel_noise
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def __call__(self, images, **kwargs):
+        out = self.inner(images=images, do_rescale=False, do_normalize=False, **kwargs)
+        mean = torch.tensor(self.inner.image_mean, dtype=torch.float32) / self.inner.rescale_factor
+        std = torch.tensor(self.inner.image_std, dtype=torch.float32) / self.inner.rescale_factor
+        channels = out["pixel_values"].reshape(len(out["pixel_values"]), 3, -1)
+        values = ((channels - mean[None, :, None]) / std[None, :, None]).reshape(out["pixel_values"].shape)
+        if self.per_pixel_noise:  # a value that depends on where the pixel is: no table can give it
+            values = values + torch.linspace(0, 1e-3, values.shape[1])
+        out["pixel_values"] = values
+        return out
+
+
+@pytest.mark.parametrize("per_pixel_noise", [False, True])
+def test_pixel_table_follows_another_image_processor(backbones, per_pixel_noise, monkeypatch):
+    _, processor = backbones["qwen2_5_vl"]
+    monkeypatch.setattr(processor, "image_processor", _FusedNormalize(processor.image_processor, per_pixel_noise))
+    encoder = ClipInputBuilder(processor).pieces
+    images = list(LONG_CLIP)
+    expected = processor.image_processor(images=images, do_resize=False, return_tensors="pt")["pixel_values"]
+    pil = processor.image_processor.inner(images=images, do_resize=False, return_tensors="pt")["pixel_values"]
+    assert not torch.equal(expected, pil)  # other roundings: a table copied from PIL's steps would differ
+    for _ in range(2):
+        pixel_values, _ = encoder.pixels(images)
+        assert torch.equal(pixel_values, expected)
+    assert (encoder._table is None) == per_pixel_noise
+    assert encoder._exact == {(56, 56): not per_pixel_noise} and encoder.fallbacks == int(per_pixel_noise)

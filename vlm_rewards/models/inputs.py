@@ -66,9 +66,11 @@ class ClipBatch:
 class ClipInputBuilder:
     """Turns (instruction, clip[, reference][, views]) samples into a `ClipBatch`.
 
-    Frames are resized once here (smart_resize to multiples of the family's factor, PIL bicubic) and
-    the image processor only rescales, normalises and patchifies them. Pixel bounds default to the
-    processor's. Sequences are right-padded by default; use padding_side="left" for batched generation.
+    Frames are resized once here (smart_resize to multiples of the family's factor, PIL bicubic, on the
+    CPU); `PieceEncoder` rescales, normalises and patchifies them as the image processor does, on the
+    device given, and the tokenizer takes the prompts with each image's tokens expanded as the processor
+    expands them. Pixel bounds default to the processor's. Sequences are right-padded by default; use
+    padding_side="left" for batched generation.
     """
 
     def __init__(
@@ -105,6 +107,7 @@ class ClipInputBuilder:
         add_generation_prompt: bool = False,
         frame_orders: Sequence[Sequence[int]] | None = None,
         initial_scene: bool = False,
+        device: torch.device | str | None = None,
     ) -> ClipBatch:
         """Encode `samples` (RewardRequest or (text, frames[, reference, views]) tuples).
 
@@ -114,6 +117,7 @@ class ClipInputBuilder:
             frames are then labelled "Frame k: " in shown order.
         initial_scene: with frame_orders, show the first time step (all views) before the labelled
             frames as "Initial scene: " context; readouts still point at the labelled frames.
+        device: where to preprocess the pixels (`PieceEncoder.pixels`); the rest stays on the CPU.
         """
         if initial_scene and frame_orders is None:
             raise ValueError("initial_scene: needs frame_orders (the context precedes labelled frames)")
@@ -142,16 +146,34 @@ class ClipInputBuilder:
             images.extend(sample_images)
             readout_images.append(sample_readouts)
 
-        model_inputs = self.processor(
-            text=prompts,
-            images=images,
-            do_resize=False,
+        tokens = self.processor.tokenizer(
+            self._expand_images(prompts, [image.shape[:2] for image in images]),
             padding=True,
             padding_side=self.padding_side,
             return_tensors="pt",
         )
+        mm_token_type_ids = self.processor.create_mm_token_type_ids(tokens["input_ids"].tolist())
+        pixel_values, image_grid_thw = self.pieces.pixels(images, device)
+        model_inputs = BatchFeature(
+            {
+                **tokens,
+                "mm_token_type_ids": torch.tensor(mm_token_type_ids),
+                "pixel_values": pixel_values,
+                "image_grid_thw": image_grid_thw,
+            }
+        )
         readout_positions, frame_mask = self._readouts(model_inputs["input_ids"], readout_images)
         return ClipBatch(model_inputs, readout_positions, frame_mask)
+
+    def _expand_images(self, prompts: list[str], sizes: list[tuple[int, int]]) -> list[str]:
+        """The prompts with each image's `<|image_pad|>` repeated once per vision token, as the processor
+        expands them (the images of all prompts in order, one size each)."""
+        counts = iter([self.pieces.num_image_tokens(*size) for size in sizes])
+        expanded = []
+        for prompt in prompts:
+            first, *rest = prompt.split(IMAGE_PAD)
+            expanded.append(first + "".join(IMAGE_PAD * next(counts) + part for part in rest))
+        return expanded
 
     @staticmethod
     def _as_request(sample: Sample, where: str) -> RewardRequest:
@@ -256,17 +278,21 @@ class TokenBlock:
 class PieceEncoder:
     """Model inputs for pieces of `ClipInputBuilder`'s layout, without a processor round trip per call.
 
-    A streaming session runs small pieces (a prefix, or one frame per env) every env step, where the
-    processor's fixed cost (tokenizing, kwargs merging, per-image preprocessing) dominates. Here:
+    A streaming session runs small pieces (a prefix, or one frame per env) every env step, and a batch
+    scoring call runs hundreds of frames, where the processor's costs (tokenizing, per-image numpy
+    preprocessing on the CPU, float32 pixels sent to the device) dominate. Here:
 
     - tokens: `tokens(text, image_sizes)` is the processor's own output for that text and those image
       sizes (the ids depend on the sizes, not the pixels), computed once and cached; a piece of frames is
       the concatenation of its images' blocks (all special tokens, which tokenize separately).
-    - pixels: `pixels(images)` rescales and normalises resized uint8 frames through a (channel, value)
-      table built with the PIL image processor's own numpy float steps, then patchifies them by
-      reshapes, all frames of a size at once; for each frame size the first call is compared with the
-      image processor's output and must be bit-for-bit equal, otherwise (another image processor, other
-      settings) that size always goes through the image processor.
+    - pixels: `pixels(images, device)` sends resized uint8 frames to `device` (a quarter of float32's
+      bytes, from pinned memory on CUDA), maps each channel value through a (channel, value) table and
+      patchifies by reshapes there, all frames of a size at once. The table is read from the image
+      processor's own output for a probe image that holds every value, whichever backend it runs
+      (PIL or torchvision), since rescaling and normalising act on each channel value alone. A table
+      lookup rounds nothing, so the result is the processor's to the bit on any device; for each frame
+      size the first call is checked against the processor, and a size that differs (another processor,
+      other settings) always goes through the processor.
     """
 
     MAX_CACHED = 1024
@@ -275,7 +301,8 @@ class PieceEncoder:
         self.processor = processor
         self.image_processor = processor.image_processor
         self._tokens: dict[tuple[str, tuple[tuple[int, int], ...]], TokenBlock] = {}
-        self._exact: dict[tuple[int, int], bool] = {}  # frame size -> the numpy path matched the processor
+        self._exact: dict[tuple[int, int], bool] = {}  # frame size -> the table path matched the processor
+        self._tables: dict[torch.device, torch.Tensor] = {}  # `_table` on each device it was used on
         self.fallbacks = 0  # pixel calls that went through the image processor (after a mismatch)
 
     def tokens(self, text: str, image_sizes: Sequence[tuple[int, int]] = ()) -> TokenBlock:
@@ -300,16 +327,23 @@ class PieceEncoder:
         """The tokens of one image block (`<|vision_start|><|image_pad|>*n<|vision_end|>`) of a resized frame."""
         return self.tokens(IMAGE_PLACEHOLDER, ((height, width),))
 
-    def pixels(self, images: Sequence[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+    def num_image_tokens(self, height: int, width: int) -> int:
+        """How many `<|image_pad|>` tokens the processor gives a resized frame of this size."""
+        return int((self.image_tokens(height, width).mm_token_type_ids != 0).sum())
+
+    def pixels(
+        self, images: Sequence[np.ndarray], device: torch.device | str | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(pixel_values, image_grid_thw) of resized (H, W, 3) uint8 `images`, as the image processor gives them
-        with do_resize=False."""
+        with do_resize=False; pixel_values on `device` (default: the CPU)."""
+        device = torch.device(device or "cpu")
         by_size: dict[tuple[int, int], list[int]] = {}
         for index, image in enumerate(images):
             by_size.setdefault(image.shape[:2], []).append(index)
         if len(by_size) == 1:  # the common case: every frame one size, no reordering
             (size,) = by_size
-            return self._pixels_of_size(size, np.stack(images))
-        parts = {size: self._pixels_of_size(size, np.stack([images[i] for i in indices]))
+            return self._pixels_of_size(size, np.stack(images), device)
+        parts = {size: self._pixels_of_size(size, np.stack([images[i] for i in indices]), device)
                  for size, indices in by_size.items()}  # fmt: skip
         # back to the images' order: each image's rows, in turn
         values, grids, cursor = [], [], {size: 0 for size in by_size}
@@ -323,71 +357,87 @@ class PieceEncoder:
             cursor[size] = start + 1
         return torch.cat(values), torch.stack(grids)
 
-    def _pixels_of_size(self, size: tuple[int, int], frames: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    def _pixels_of_size(
+        self, size: tuple[int, int], frames: np.ndarray, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         exact = self._exact.get(size)
         if exact is None:
             reference = self._processor_pixels(list(frames))
-            fast = self._fast_pixels(frames)
+            fast = self._table_pixels(frames, device)
             exact = fast is not None and all(
-                a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(fast, reference)
+                a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.cpu(), b) for a, b in zip(fast, reference)
             )
             self._exact[size] = exact
-            return reference
+            return (reference[0].to(device), reference[1])
         if exact:
-            return self._fast_pixels(frames)
+            return self._table_pixels(frames, device)
         self.fallbacks += 1
-        return self._processor_pixels(list(frames))
+        pixel_values, grid = self._processor_pixels(list(frames))
+        return pixel_values.to(device), grid
 
     def _processor_pixels(self, images: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
         inputs = self.image_processor(images=images, do_resize=False, return_tensors="pt")
         return inputs["pixel_values"], inputs["image_grid_thw"]
 
-    def _fast_pixels(self, frames: np.ndarray) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The PIL image processor's steps, vectorised over (N, H, W, 3) uint8 frames; None if it cannot apply.
-
-        Rescaling and normalising act on each channel value alone, so they are a (channel, 0..255) table
-        computed with the processor's own numpy float steps; patchifying is a reshape."""
-        lut = self._value_table()
-        if lut is None:
+    def _table_pixels(self, frames: np.ndarray, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The image processor's steps on (N, H, W, 3) uint8 frames, on `device`; None if they cannot apply."""
+        if frames.shape[-1] != 3 or not self._patchable(*frames.shape[1:3]):
             return None
+        table = self._value_table(device)
+        if table is None:
+            return None
+        uint8 = torch.from_numpy(np.ascontiguousarray(frames))
+        if device.type == "cuda":
+            uint8 = uint8.pin_memory()
+        uint8 = uint8.to(device, non_blocking=True)
+        values = table[uint8.long() + torch.arange(3, device=device) * 256]  # (N, H, W, C) float32
+        return self._patchify(values), self._grid(*frames.shape[:3])
+
+    def _patchable(self, height: int, width: int) -> bool:
+        unit = self.image_processor.patch_size * self.image_processor.merge_size
+        return height % unit == 0 and width % unit == 0
+
+    def _grid(self, count: int, height: int, width: int) -> torch.Tensor:
+        patch = self.image_processor.patch_size
+        return torch.tensor([1, height // patch, width // patch], dtype=torch.long).expand(count, 3).clone()
+
+    def _patchify(self, values: torch.Tensor) -> torch.Tensor:
+        """(N, H, W, C) -> (N * H/p * W/p, C * temporal * p * p) rows in the processor's order (merge
+        blocks of m x m patches, each frame repeated `temporal` times)."""
         processor = self.image_processor
         patch, merge, temporal = processor.patch_size, processor.merge_size, processor.temporal_patch_size
-        count, height, width, channels = frames.shape
-        if channels != 3 or height % (patch * merge) or width % (patch * merge):
-            return None
-        values = lut[torch.from_numpy(frames).long() + self._channel_offsets]  # (N, H, W, C) float32
+        count, height, width, channels = values.shape
         grid_h, grid_w = height // patch, width // patch
-        # patchify: (N, C, gh/m, m, p, gw/m, m, p) -> (N, gh/m, gw/m, m, m, C, temporal, p, p)
+        # (N, C, gh/m, m, p, gw/m, m, p) -> (N, gh/m, gw/m, m, m, C, temporal, p, p)
         patches = values.permute(0, 3, 1, 2).reshape(
             count, channels, grid_h // merge, merge, patch, grid_w // merge, merge, patch
         )
         patches = patches.permute(0, 2, 5, 3, 6, 1, 4, 7).unsqueeze(6)
         patches = patches.expand(*patches.shape[:6], temporal, patch, patch)
-        pixel_values = patches.reshape(count * grid_h * grid_w, channels * temporal * patch * patch)
-        grid = torch.tensor([1, grid_h, grid_w], dtype=torch.long).expand(count, 3).clone()
-        return pixel_values, grid
+        return patches.reshape(count * grid_h * grid_w, channels * temporal * patch * patch)
 
-    def _value_table(self) -> torch.Tensor | None:
-        """(3 * 256,) float32: the processed value of channel c, uint8 value v at c * 256 + v (np_rescale then
-        np_normalize, as the PIL image processor does them); None for other image processors."""
-        if hasattr(self, "_lut"):
-            return self._lut
-        processor, lut = self.image_processor, None
-        if getattr(processor, "backend", None) == "pil" and hasattr(processor, "patchify"):
-            values = np.repeat(np.arange(256, dtype=np.uint8)[:, None], 3, axis=1)  # (256, C)
-            if processor.do_rescale:  # np_rescale: multiply in float64, then float32
-                values = (values.astype(np.float64) * processor.rescale_factor).astype(np.float32)
-            else:
-                values = values.astype(np.float32)
-            if processor.do_normalize:  # np_normalize: (x - mean) / std in float32, per channel
-                mean = np.array(_per_channel(processor.image_mean, 3), dtype=np.float32)
-                std = np.array(_per_channel(processor.image_std, 3), dtype=np.float32)
-                values = (values - mean) / std
-            lut = torch.from_numpy(np.ascontiguousarray(values.T)).reshape(-1)
-        self._lut = lut
-        self._channel_offsets = torch.arange(3) * 256
-        return lut
+    def _value_table(self, device: torch.device) -> torch.Tensor | None:
+        """(3 * 256,) float32 on `device`: the processor's value for channel c, uint8 value v at c * 256 + v;
+        None where its output is not one value per (channel, value)."""
+        if self._table is None:
+            return None
+        if device not in self._tables:
+            self._tables[device] = self._table.to(device)
+        return self._tables[device]
 
-
-def _per_channel(value: float | Sequence[float], channels: int) -> list[float]:
-    return [value] * channels if isinstance(value, int | float) else list(value)
+    @cached_property
+    def _table(self) -> torch.Tensor | None:
+        unit = self.image_processor.patch_size * self.image_processor.merge_size
+        width = unit * -(-256 // unit)  # one row of merge blocks holding at least 256 pixels
+        probe = (np.arange(unit * width) % 256).astype(np.uint8).reshape(1, unit, width, 1).repeat(3, axis=3)
+        reference, _ = self._processor_pixels(list(probe))
+        # where each output value comes from: patchify the probe's flat (pixel, channel) indices
+        source = self._patchify(torch.arange(probe.size, dtype=torch.float64).reshape(probe.shape)).long()
+        if reference.shape != source.shape or reference.dtype != torch.float32:
+            return None
+        flat = source.flatten()
+        channel, value = flat % 3, torch.from_numpy(probe.reshape(-1)).long()[flat]
+        table = torch.zeros(3 * 256, dtype=torch.float32)
+        table[channel * 256 + value] = reference.flatten()
+        # one value per (channel, value): the table must give back the processor's output
+        return table if torch.equal(table[channel * 256 + value], reference.flatten()) else None

@@ -21,12 +21,14 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
+from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 from vlm_rewards.fingerprint import changed_files, fingerprint, fingerprint_files
 from vlm_rewards.interface import RewardRequest
 from vlm_rewards.io import atomic_folder, make_readable, write_json
 from vlm_rewards.models.backbones import load_backbone
 from vlm_rewards.models.config import RewardNetworkConfig
+from vlm_rewards.models.fast_vision import fast_vision
 from vlm_rewards.models.heads import FrameLogits, RewardHead
 from vlm_rewards.models.inputs import ClipBatch, ClipInputBuilder
 
@@ -55,13 +57,24 @@ class RewardNetwork(nn.Module):
     def encode(self, requests: list[RewardRequest]) -> ClipBatch:
         if not self.config.use_reference:
             requests = [replace(request, reference=None) for request in requests]
-        return self.builder.build(requests).to(self.device)
+        return self.builder.build(requests, device=self.device).to(self.device)
 
     def forward(self, batch: ClipBatch) -> FrameLogits:
         """Every head's logits at every frame, from one backbone forward: progress (B, T_max[, K]), and
         success (B, T_max) and stage (B, T_max, S) when the model has those heads."""
-        hidden = self.backbone(**batch.model_inputs).last_hidden_state
+        hidden = self.backbone(**self.backbone_inputs(batch)).last_hidden_state
         return self.head.frame_logits(batch.gather(hidden))
+
+    def backbone_inputs(self, batch: ClipBatch) -> dict:
+        """The batch's model inputs, with the images' features from the batched vision path in place of their
+        pixels where it applies (`fast_vision`: Qwen2.5-VL, no gradient into the tower)."""
+        inputs = batch.model_inputs
+        vision = fast_vision(self.backbone) if "pixel_values" in inputs else None
+        features = None if vision is None else vision(inputs["pixel_values"], inputs["image_grid_thw"])
+        if features is None:
+            return inputs
+        encoded = BaseModelOutputWithPooling(pooler_output=(features,))
+        return {**{k: v for k, v in inputs.items() if k != "pixel_values"}, "mm_encoder_outputs": {"image": encoded}}
 
     def predict(self, batch: ClipBatch) -> torch.Tensor:
         """(B, T_max) per-frame progress (progress RM) or per-frame reward (preference RM)."""

@@ -207,7 +207,7 @@ class Robometer(BaseReward):
     def frame_outputs(self, requests: Sequence[RewardRequest]) -> list[tuple[np.ndarray, np.ndarray]]:
         """Per request, (progress, success probability) per frame."""
         clips = [replace(request, reference=None, views={}) for request in requests]
-        inputs = self.builder.build(clips).to(self.model.device).model_inputs
+        inputs = self.builder.build(clips, device=self.model.device).to(self.model.device).model_inputs
         hidden = self.model(**inputs).last_hidden_state
         outputs = []
         for row, ids in zip(hidden, inputs["input_ids"]):

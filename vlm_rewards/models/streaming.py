@@ -37,18 +37,18 @@ as explicit (3, B, L) `position_ids` (for all three families the language model 
 so the model's own `rope_deltas` bookkeeping is never involved.
 
 Batching: one `append` runs every stream's new frames in one forward, its readouts through the head
-in one call. Streams have caches of different lengths (resets, uneven appends), so the caches are
-left-padded to the longest and the new pieces right-padded, with a 2D attention mask hiding both
-paddings; each stream keeps the (row, start, end) of its real keys/values in the forward's batched
-cache. When every stream's cache ends at the same column of the last forward's cache (every stream
-appended pieces of one length, the usual RL step) that cache is reused as it is, the columns before
-a stream's start masked; otherwise the streams' caches are copied into a fresh left-padded batch.
-Positions are explicit, so padding never shifts them. With SDPA the 4D boolean mask the model would
-build from the 2D one is built here (a few tensor ops instead of the model's mask machinery).
+in one call. The streams' keys and values live in one `StreamCache` (fixed buffers, one row per
+stream, grown by doubling when full): each stream's new piece is written right after its cached
+tokens, right-padded to the longest piece (the padding is overwritten by the stream's next piece),
+and a mask hides every column past each query. Nothing is copied between steps and positions are
+explicit, so padding never shifts them. With the fast vision path below, the language model's step
+is a `GraphedCall`: on CUDA, a step of a shape seen before (every env one frame, the usual RL
+step) replays as a CUDA graph instead of launching the model's kernels one by one.
 
 Qwen2.5-VL (SDPA or eager attention) also gets a faster vision tower (`_Qwen25Vision`: cached grid
-geometry, one batched attention call over equal windows, the patch Conv3d as a matrix product; checked
-against the tower on the first call per grid list) whose features go into the model's own steps
+geometry, one batched attention call per window length, the patch Conv3d as a matrix product; checked
+against the tower on the first call with each image grid, in 16-bit types by a bound derived from the
+tower's own rounding error) whose features go into the model's own steps
 (embed, place the image features, language model). Costs per call on the tiny RM on CPU are in
 docs/benchmarks.md ("RL reward overhead").
 
@@ -58,26 +58,21 @@ need the padding to move with the window.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import math
-import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from transformers import DynamicCache
 
 from vlm_rewards.interface import RewardSession, RewardSpec, stream_references, validate_clip
+from vlm_rewards.models.fast_vision import fast_vision
 from vlm_rewards.models.inputs import IMAGE_PLACEHOLDER, TokenBlock
 from vlm_rewards.models.reward_network import RewardNetwork
+from vlm_rewards.models.stream_cache import GraphedCall, StreamCache
 from vlm_rewards.models.tokenizer import IM_START
 from vlm_rewards.models.vision import resize_frames
 
-KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values), each (B, kv_heads, L, head_dim)
-MAX_LAYOUTS = 1024  # cached layouts / positions / vision grids (shapes seen; an RL run sees a handful)
+MAX_LAYOUTS = 1024  # cached layouts and positions (shapes seen; an RL run sees a handful)
 
 
 @dataclass
@@ -99,22 +94,7 @@ class _StreamState:
     frame_size: tuple[int, int] | None = None  # (H, W) of the first append; later appends must match
     view_sizes: dict[str, tuple[int, int]] | None = None  # name -> (H, W), fixed by the first append
     input_ids: list[torch.Tensor] = field(default_factory=list)  # the pieces run so far, for checks
-    kv: KV | None = None  # the batched cache of the forward that ran this stream last
-    row: int = 0  # this stream's row in `kv`, and its real columns [start, end)
-    start: int = 0
-    end: int = 0
-
-    @property
-    def cache_length(self) -> int:
-        return self.end - self.start if self.kv is not None else 0
-
-    @property
-    def cache(self) -> KV:
-        """Per layer this stream's (1, kv_heads, L, head_dim) keys and values (views)."""
-        if self.kv is None:
-            return []
-        rows, columns = slice(self.row, self.row + 1), slice(self.start, self.end)
-        return [(keys[rows, :, columns], values[rows, :, columns]) for keys, values in self.kv]
+    cache_length: int = 0  # tokens of this stream in its row of the session's `StreamCache`
 
 
 @dataclass
@@ -146,6 +126,8 @@ class KVCacheSession(RewardSession):
         `config.use_reference` is set, and then required.
     spec: optional, the adapter's `RewardSpec`; its `frame_size` bounds are then checked as `score`
         checks them (the network's own minimum side is checked always).
+    cuda_graphs: on CUDA, replay the language model's step as a CUDA graph (`GraphedCall`; used
+        with the fast vision path). False runs every step eagerly.
 
     `append(frames, views)` returns per stream the progress of its new frames, equal to
     `network.predict` on the whole clip so far, and sets `last_components` (a network with success or
@@ -163,6 +145,7 @@ class KVCacheSession(RewardSession):
         references: Sequence[np.ndarray | None] | None = None,
         *,
         spec: RewardSpec | None = None,
+        cuda_graphs: bool = True,
     ):
         if network.config.task != "progress":
             raise ValueError(f"KVCacheSession: needs a progress network, this one is a {network.config.task!r} model")
@@ -177,8 +160,7 @@ class KVCacheSession(RewardSession):
         self.spec = spec
         self._builder = network.builder
         self._encoder = network.builder.pieces  # shared by the network's sessions
-        self._vision = _fast_vision(network.backbone)
-        self._sdpa = getattr(text_config, "_attn_implementation", None) == "sdpa"
+        self._vision = fast_vision(network.backbone)
         self._vision_end_id = self._builder.vision_end_id
         pad_id = network.processor.tokenizer.pad_token_id
         self._pad_id = 0 if pad_id is None else int(pad_id)
@@ -192,6 +174,9 @@ class KVCacheSession(RewardSession):
             self._fresh(text, reference, f"references[{i}]")
             for i, (text, reference) in enumerate(zip(texts, references))
         ]
+        language_model = network.backbone.language_model
+        self._cache = StreamCache(language_model.config, len(self._streams), network.backbone.dtype, network.device)
+        self._language_step = GraphedCall(self._language_model_step, network.device, enabled=cuda_graphs)
 
     # ------------------------------------------------------------------------------------ interface
 
@@ -238,10 +223,9 @@ class KVCacheSession(RewardSession):
         return values
 
     def close(self) -> None:
-        """Drop every stream's cache; the session cannot be used afterwards."""
+        """Drop the streams' cache; the session cannot be used afterwards."""
         self._closed = True
-        for stream in self._streams:
-            stream.kv = None
+        self._cache = self._language_step = None
 
     def input_ids(self, index: int) -> torch.Tensor:
         """(L,) the token ids stream `index` has run so far (its prefix and every appended frame)."""
@@ -380,45 +364,17 @@ class KVCacheSession(RewardSession):
 
     # ------------------------------------------------------------------------------------ model
 
-    def _past(self) -> tuple[KV | None, torch.Tensor, list[int]]:
-        """The streams' caches as one left-padded batch: (per-layer keys/values or None, (B, L) mask, per stream
-        the column its cache starts at)."""
-        streams = self._streams
-        live = [stream for stream in streams if stream.prefix is None and stream.cache_length]
-        device = self.network.device
-        if not live:
-            return None, torch.zeros(len(streams), 0, dtype=torch.long, device=device), [0] * len(streams)
-        kv, end = live[0].kv, live[0].end
-        if (
-            all(s.kv is kv and s.end == end for s in live)
-            and all(s.row == b for b, s in enumerate(streams) if s in live)
-            and len(kv[0][0]) == len(streams)
-        ):
-            # Every cache ends at the same column of the last forward's cache: use it as it is.
-            first = min(s.start for s in live)
-            past = [(keys[:, :, first:end], values[:, :, first:end]) for keys, values in kv]
-            starts = [s.start - first if s in live else end - first for s in streams]
-        else:  # copy each stream's cache into a fresh batch, left-padded to the longest
-            longest = max(s.cache_length for s in live)
-            starts = [longest - (s.cache_length if s in live else 0) for s in streams]
-            past = []
-            for layer in range(len(live[0].kv)):
-                keys, values = [], []
-                for stream, start in zip(streams, starts):
-                    if stream in live:
-                        k, v = stream.cache[layer]
-                        keys.append(F.pad(k, (0, 0, start, 0)))
-                        values.append(F.pad(v, (0, 0, start, 0)))
-                    else:
-                        k, v = live[0].cache[layer]
-                        keys.append(k.new_zeros(1, k.shape[1], longest, k.shape[3]))
-                        values.append(v.new_zeros(1, v.shape[1], longest, v.shape[3]))
-                past.append((torch.cat(keys), torch.cat(values)))
-            end = longest
-        length = past[0][0].shape[2]
-        columns = torch.arange(length, device=device)
-        mask = (columns[None, :] >= torch.tensor(starts, device=device)[:, None]).long()
-        return past, mask, starts
+    def _language_model_step(
+        self, embeds: torch.Tensor, positions: torch.Tensor, lengths: torch.Tensor
+    ) -> torch.Tensor:
+        """(B, L, D) input embeddings after each stream's `lengths` cached tokens -> (B, L, D) last hidden states."""
+        return self.network.backbone.language_model(
+            inputs_embeds=embeds,
+            position_ids=positions,
+            attention_mask=self._cache.prepare(lengths, embeds.shape[1]),
+            past_key_values=self._cache,
+            use_cache=True,
+        ).last_hidden_state
 
     @torch.inference_mode()
     def _run(self, pieces: list[_Piece]) -> list[np.ndarray]:
@@ -435,35 +391,26 @@ class KVCacheSession(RewardSession):
             input_ids = layout.input_ids.expand(len(streams), -1)
             mm_token_type_ids = layout.mm_token_type_ids.expand(len(streams), -1)
             positions = layout.positions[:, None, :] + offset_tensor[None, :, None]
-            new_mask = torch.ones(len(streams), lengths[0], dtype=torch.long)
         else:  # right-padded to the longest piece
             longest = max(lengths)
             input_ids = torch.full((len(streams), longest), self._pad_id, dtype=torch.long)
             mm_token_type_ids = torch.zeros(len(streams), longest, dtype=torch.long)
             positions = torch.ones(3, len(streams), longest, dtype=torch.long)
-            new_mask = torch.zeros(len(streams), longest, dtype=torch.long)
             for b, (layout, length, offset) in enumerate(zip(layouts, lengths, offsets)):
                 input_ids[b, :length] = layout.input_ids
                 mm_token_type_ids[b, :length] = layout.mm_token_type_ids
                 positions[:, b, :length] = layout.positions + offset
-                new_mask[b, :length] = 1
         images = [image for piece in pieces for image in (piece.prefix.images if piece.prefix else []) + piece.images]
-        pixel_values, image_grid_thw = self._encoder.pixels(images)
+        pixel_values, image_grid_thw = self._encoder.pixels(images, device)
 
-        past, past_mask, starts = self._past()
-        cache = DynamicCache(ddp_cache_data=past) if past is not None else DynamicCache()
-        past_length = past_mask.shape[1]
-        attention_mask = torch.cat([past_mask, new_mask.to(device)], dim=1)
-        if self._sdpa and (past_length or not bool(new_mask.all())):
-            # The (B, 1, L_new, L_past + L_new) boolean mask SDPA takes (True: attend), as the model would build
-            # it from the 2D mask: causal over the new tokens, padding hidden. A 4D mask is used as it is.
-            query = torch.arange(new_mask.shape[1], device=device) + past_length
-            causal = torch.arange(attention_mask.shape[1], device=device)[None, :] <= query[:, None]
-            attention_mask = (causal[None] & attention_mask.bool()[:, None, :])[:, None]
-        pixel_values, image_grid_thw = pixel_values.to(device), image_grid_thw.to(device)
+        # Stream b's new tokens go right after its cached ones (none after a reset: its prefix runs now).
+        cached = [0 if stream.prefix is not None else stream.cache_length for stream in streams]
+        if self._cache.reserve(max(cached) + input_ids.shape[1]):
+            self._language_step.clear()  # the graphs hold the old buffers
+        cache_lengths = torch.tensor(cached, device=device)
+        image_grid_thw = image_grid_thw.to(device)
         input_ids, positions = input_ids.to(device), positions.to(device)
         features = self._vision(pixel_values, image_grid_thw) if self._vision is not None else None
-        cached = dict(attention_mask=attention_mask, position_ids=positions, past_key_values=cache, use_cache=True)
         backbone = network.backbone
         if features is None:
             hidden = backbone(
@@ -471,13 +418,16 @@ class KVCacheSession(RewardSession):
                 pixel_values=pixel_values,
                 image_grid_thw=image_grid_thw,
                 mm_token_type_ids=mm_token_type_ids.to(device),
-                **cached,
+                attention_mask=self._cache.prepare(cache_lengths, input_ids.shape[1]),
+                position_ids=positions,
+                past_key_values=self._cache,
+                use_cache=True,
             ).last_hidden_state
         else:  # the model's forward, its steps written out: embed, place the image features, run the LM
             embeds = backbone.get_input_embeddings()(input_ids)
             image_mask = (input_ids == backbone.config.image_token_id).unsqueeze(-1).expand_as(embeds)
             embeds = embeds.masked_scatter(image_mask, features.to(embeds.dtype))
-            hidden = backbone.language_model(input_ids=None, inputs_embeds=embeds, **cached).last_hidden_state
+            hidden = self._language_step(embeds, positions, cache_lengths, key=(self._cache.capacity,))
 
         # Every readout of every stream through the heads in one call.
         rows = torch.cat([torch.full((len(layout.readouts),), b, dtype=torch.long) for b, layout in enumerate(layouts)])
@@ -494,146 +444,12 @@ class KVCacheSession(RewardSession):
             for b, value in enumerate(logits.stage.argmax(-1)[last].tolist()):
                 self.last_components[b]["stage"] = float(value)
 
-        kv = [(layer.keys, layer.values) for layer in cache.layers]
         results, cursor = [], 0
         for b, (stream, layout, length, offset) in enumerate(zip(streams, layouts, lengths, offsets)):
-            stream.kv, stream.row, stream.start, stream.end = kv, b, starts[b], past_length + length
+            stream.cache_length = cached[b] + length
             stream.next_position = offset + layout.extent
             stream.input_ids.append(layout.input_ids)
             stream.prefix = None
             results.append(values[cursor : cursor + counts[b]])
             cursor += counts[b]
         return results
-
-
-_VISIONS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _fast_vision(backbone: torch.nn.Module) -> _Qwen25Vision | None:
-    """The backbone's fast vision path (shared by its sessions), or None where there is none."""
-    visual = getattr(backbone, "visual", None)
-    if visual is None or not _Qwen25Vision.supports(visual):
-        return None
-    if visual not in _VISIONS:
-        _VISIONS[visual] = _Qwen25Vision(visual)
-    return _VISIONS[visual]
-
-
-class _Qwen25Vision:
-    """Qwen2.5-VL's vision tower for the frames of one step, with its per-call overhead cut.
-
-    The same modules and float steps as the tower's `forward`, but: the grid-only tensors (rotary
-    cos/sin, window order, chunk bounds) are computed once per grid list with the tower's own
-    functions and cached; and attention over equal-length chunks (every frame of one size: its
-    windows, or the whole frame) runs as one batched SDPA call instead of one call per chunk. Used
-    only for SDPA or eager attention, outside training; the patch embedding (a Conv3d with stride =
-    kernel) runs as the equal matrix product, which rounds differently (~1e-7). The first call for
-    each grid list is compared with the tower's `forward`, and any difference beyond float rounding
-    (1e-5 of the output's scale in float32, 4 ulps in 16-bit types) turns this path off for good.
-    """
-
-    def __init__(self, visual: torch.nn.Module):
-        from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as qwen2_5
-
-        self.visual = visual
-        self._rotary = qwen2_5.apply_rotary_pos_emb_vision
-        self._vision_utils = importlib.import_module("transformers.vision_utils")
-        self._geometry: dict[tuple, tuple] = {}
-        self.enabled = True
-        self.max_abs_diff = 0.0  # the largest gap to the tower's forward seen in the checks
-
-    @staticmethod
-    def supports(visual: torch.nn.Module) -> bool:
-        """Only the tower this was written against: another transformers version falls back to the tower."""
-        if importlib.util.find_spec("transformers.vision_utils") is None:
-            return False
-        utils = importlib.import_module("transformers.vision_utils")
-        helpers = ("get_vision_position_ids", "get_vision_cu_seqlens", "get_vision_window_index")
-        return (
-            all(hasattr(utils, name) for name in helpers)
-            and hasattr(visual, "permute_input_for_window_attn")
-            and type(visual).__name__ == "Qwen2_5_VisionTransformerPretrainedModel"
-            and visual.config._attn_implementation in ("sdpa", "eager")
-            and all(hasattr(visual, name) for name in ("patch_embed", "rotary_pos_emb", "blocks", "merger"))
-        )
-
-    def __call__(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor | None:
-        """(tokens, hidden) merged image embeddings in the tower's order, or None (use the tower)."""
-        if not self.enabled or self.visual.training:
-            return None
-        key = tuple(map(tuple, grid_thw.tolist()))
-        checked = key in self._geometry
-        fast = self._forward(pixel_values.to(self.visual.dtype), grid_thw, key)
-        if not checked:
-            reference = self.visual(pixel_values.to(self.visual.dtype), grid_thw=grid_thw).pooler_output
-            diff = float((fast.float() - reference.float()).abs().max()) if fast.shape == reference.shape else math.inf
-            self.max_abs_diff = max(self.max_abs_diff, diff)
-            scale = float(reference.float().abs().max()) + 1.0
-            if not diff <= max(1e-5, 4 * torch.finfo(reference.dtype).eps) * scale:
-                self.enabled = False
-            return reference
-        return fast
-
-    def _grid(self, grid_thw: torch.Tensor, key: tuple) -> tuple:
-        geometry = self._geometry.get(key)
-        if geometry is not None:
-            return geometry
-        visual, utils = self.visual, self._vision_utils
-        position_ids = utils.get_vision_position_ids(grid_thw, visual.spatial_merge_size)
-        cu_seqlens = utils.get_vision_cu_seqlens(grid_thw)
-        window_index, cu_window_seqlens = utils.get_vision_window_index(
-            grid_thw, spatial_merge_size=visual.spatial_merge_size, window_size=visual.window_size,
-            patch_size=visual.patch_size,
-        )  # fmt: skip
-        seq_len = int(cu_seqlens[-1])
-        probe = torch.zeros(seq_len, 1, dtype=visual.dtype, device=grid_thw.device)
-        cos, sin = visual.rotary_pos_emb(probe, position_ids)
-        cos, sin = (visual.permute_input_for_window_attn(f, window_index, seq_len=seq_len) for f in (cos, sin))
-        full = torch.unique_consecutive(torch.as_tensor(cu_seqlens)).tolist()
-        windows = torch.unique_consecutive(torch.as_tensor(cu_window_seqlens)).tolist()
-        geometry = (window_index, torch.argsort(window_index), cos, sin, _chunks(full), _chunks(windows), seq_len)
-        if len(self._geometry) >= MAX_LAYOUTS:
-            self._geometry.clear()  # grid lists seen again are checked again
-        self._geometry[key] = geometry
-        return geometry
-
-    def _forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor, key: tuple) -> torch.Tensor:
-        visual = self.visual
-        window_index, reverse, cos, sin, full, windows, seq_len = self._grid(grid_thw, key)
-        # patch_embed is a Conv3d whose stride is its kernel: one matrix product per patch (CPU conv3d is slow here)
-        proj = visual.patch_embed.proj
-        hidden = F.linear(pixel_values.reshape(len(pixel_values), -1).to(proj.weight.dtype),
-                          proj.weight.reshape(len(proj.weight), -1), proj.bias)  # fmt: skip
-        hidden = visual.permute_input_for_window_attn(hidden, window_index, seq_len=seq_len)
-        for number, block in enumerate(visual.blocks):
-            chunks = full if number in visual.fullatt_block_indexes else windows
-            attn = block.attn
-            query, key_, value = (
-                attn.qkv(block.norm1(hidden)).reshape(seq_len, 3, attn.num_heads, -1).permute(1, 0, 2, 3).unbind(0)
-            )
-            query, key_ = self._rotary(query, key_, cos, sin)
-            out = _chunked_attention(query, key_, value, chunks, attn.scaling)
-            hidden = hidden + attn.proj(out.reshape(seq_len, -1).contiguous())
-            hidden = hidden + block.mlp(block.norm2(hidden))
-        return visual.merger(hidden)[reverse, :]
-
-
-def _chunks(bounds: list[int]) -> int | list[int]:
-    """The chunk length if every chunk has one length, else the chunk lengths."""
-    lengths = [b - a for a, b in zip(bounds[:-1], bounds[1:])]
-    return lengths[0] if len(set(lengths)) == 1 else lengths
-
-
-def _chunked_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, chunks: int | list[int], scale: float
-) -> torch.Tensor:
-    """Bidirectional attention within chunks of (S, heads, d) tensors -> (S, heads, d): equal chunks as one batch."""
-    if isinstance(chunks, int):  # (S, H, d) -> (S / c, H, c, d)
-        count = query.shape[0] // chunks
-        q, k, v = (t.reshape(count, chunks, *t.shape[1:]).transpose(1, 2) for t in (query, key, value))
-        return F.scaled_dot_product_attention(q, k, v, scale=scale).transpose(1, 2).reshape(query.shape)
-    outputs = []
-    for q, k, v in zip(*(t.split(chunks) for t in (query, key, value))):
-        q, k, v = (t.transpose(0, 1)[None] for t in (q, k, v))
-        outputs.append(F.scaled_dot_product_attention(q, k, v, scale=scale)[0].transpose(0, 1))
-    return torch.cat(outputs)

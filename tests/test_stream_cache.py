@@ -55,9 +55,9 @@ def test_growing_keeps_what_the_rows_hold():
 
 def test_graphed_calls_run_eagerly_on_the_cpu():
     calls = []
-    step = GraphedCall(lambda x: calls.append(1) or x * 2, "cpu")
+    step = GraphedCall(lambda x, factor: calls.append(1) or x * factor, "cpu")
     for _ in range(3):
-        assert torch.equal(step(torch.ones(2), key=(4,)), torch.full((2,), 2.0))
+        assert torch.equal(step(torch.ones(2), key=(4,), constants=(2.0,)), torch.full((2,), 2.0))
     assert not step.enabled and step.replays == 0 and len(calls) == 3
 
 
@@ -75,3 +75,15 @@ def test_streaming_equals_full_clip_with_either_attention(tmp_path, attention):
         with torch.inference_mode():
             full = network.predict(network.encode([request]))[0].numpy()
         np.testing.assert_allclose(np.concatenate([step[stream] for step in streamed]), full, atol=1e-5, rtol=0)
+
+
+def test_a_session_runs_checked_frame_grids_through_its_graphed_vision_step(tmp_path):
+    network = RewardNetwork.from_backbone(build_tiny_backbone("qwen2_5_vl", tmp_path / "b"), RewardNetworkConfig())
+    session = KVCacheSession(network, ["pick up the red block"])
+    steps = []
+    vision_step = session._vision_step
+    session._vision_step = lambda *args, **kwargs: steps.append(kwargs["key"]) or vision_step(*args, **kwargs)
+    frames = np.random.default_rng(1).integers(0, 256, (3, 56, 56, 3), dtype=np.uint8)
+    for t in range(3):
+        session.append([frames[t : t + 1]])
+    assert steps == [((1, 4, 4),)] * 2  # the first frame's grid is checked against the tower, then graphed

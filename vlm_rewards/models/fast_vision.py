@@ -15,6 +15,7 @@ import importlib
 import importlib.util
 import math
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -94,19 +95,24 @@ class Qwen25Vision:
         """Whether the path is on, and its checks' figures."""
         return {"enabled": self.enabled, "max_abs_diff": self.max_abs_diff, "check": self.check}
 
-    def __call__(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor | None:
-        """(tokens, hidden) merged image embeddings in the tower's order, or None (use the tower)."""
+    def __call__(
+        self, pixel_values: torch.Tensor, grid_thw: torch.Tensor, run: Callable | None = None
+    ) -> torch.Tensor | None:
+        """(tokens, hidden) merged image embeddings in the tower's order, or None (use the tower).
+
+        run: what runs the checked fast path, `run(pixel_values, grid_thw, key)` (default `forward`; a
+        streaming session passes it as a CUDA graph); the check itself always runs `forward`."""
         if not self.enabled or (torch.is_grad_enabled() and any(p.requires_grad for p in self.visual.parameters())):
             return None  # gradients must flow into the tower: its own forward (and its gradient checkpointing)
         with torch.no_grad():
-            return self._features(pixel_values, grid_thw)
+            return self._features(pixel_values, grid_thw, run or self.forward)
 
-    def _features(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
+    def _features(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor, run: Callable) -> torch.Tensor:
         key = tuple(map(tuple, grid_thw.tolist()))
         pixel_values = pixel_values.to(self.visual.dtype)
-        fast = self._forward(pixel_values, grid_thw, key)
         if set(key) <= self._checked:
-            return fast
+            return run(pixel_values, grid_thw, key)
+        fast = self.forward(pixel_values, grid_thw, key)
         reference = self.visual(pixel_values, grid_thw=grid_thw).pooler_output
         figures = self._compare(fast, reference, pixel_values, grid_thw)
         self._checked.update(key)
@@ -174,7 +180,8 @@ class Qwen25Vision:
         self._geometry[key] = geometry
         return geometry
 
-    def _forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor, key: tuple) -> torch.Tensor:
+    def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor, key: tuple) -> torch.Tensor:
+        """The fast path, unchecked: `key` is `grid_thw` as a tuple of (t, h, w) tuples."""
         visual = self.visual
         window_index, reverse, cos, sin, full, windows, seq_len = self._grid(grid_thw, key)
         # patch_embed is a Conv3d whose stride is its kernel: one matrix product per patch (CPU conv3d is slow here)

@@ -83,7 +83,7 @@ class StreamCache(Cache):
 
 
 class GraphedCall:
-    """`function(*tensors) -> tensor`, replayed as a CUDA graph per input shapes (and `key`).
+    """`function(*tensors, *constants) -> tensor`, replayed as a CUDA graph per input shapes and `key`.
 
     A streaming step runs the same shapes again and again (every env one frame), and a 3B model's step
     is otherwise bound by the CPU launching its kernels one by one. The first call of a shape runs
@@ -91,7 +91,8 @@ class GraphedCall:
     and the replay must give the eager result to the bit (the same kernels on the same inputs), or
     graphs are switched off for good. Later calls only copy their inputs into the graph's and replay.
     `function` must not sync with the host; whatever it writes in place (a cache) it writes again, the
-    same, at the check. On the CPU, or with `enabled` False, every call runs eagerly.
+    same, at the check. `constants` (non-tensor or fixed arguments) must be the same for equal keys.
+    On the CPU, or with `enabled` False, every call runs eagerly.
     """
 
     def __init__(self, function: Callable[..., torch.Tensor], device: torch.device | str, enabled: bool = True):
@@ -108,9 +109,9 @@ class GraphedCall:
         self._graphs.clear()
         self._seen.clear()
 
-    def __call__(self, *inputs: torch.Tensor, key: tuple = ()) -> torch.Tensor:
+    def __call__(self, *inputs: torch.Tensor, key: tuple = (), constants: tuple = ()) -> torch.Tensor:
         if not self.enabled:
-            return self.function(*inputs)
+            return self.function(*inputs, *constants)
         key = (*(tuple(tensor.shape) for tensor in inputs), *key)
         if key in self._graphs:
             graph, static_inputs, output = self._graphs[key]
@@ -119,19 +120,19 @@ class GraphedCall:
             graph.replay()
             self.replays += 1
             return output.clone()
-        eager = self.function(*inputs)
+        eager = self.function(*inputs, *constants)
         if key in self._seen:
-            self._record(key, eager, inputs)
+            self._record(key, eager, inputs, constants)
         self._seen.add(key)
         return eager
 
-    def _record(self, key: tuple, eager: torch.Tensor, inputs: Sequence[torch.Tensor]) -> None:
+    def _record(self, key: tuple, eager: torch.Tensor, inputs: Sequence[torch.Tensor], constants: tuple) -> None:
         static_inputs = [tensor.clone() for tensor in inputs]
         graph = torch.cuda.CUDAGraph()
         torch.cuda.synchronize()
         try:
             with torch.cuda.graph(graph, pool=self._pool):
-                output = self.function(*static_inputs)
+                output = self.function(*static_inputs, *constants)
         except RuntimeError as error:  # a call that cannot be recorded (a host sync in the model's code)
             self.enabled, self.error = False, str(error)
             return

@@ -42,14 +42,12 @@ stream, grown by doubling when full): each stream's new piece is written right a
 tokens, right-padded to the longest piece (the padding is overwritten by the stream's next piece),
 and a mask hides every column past each query. Nothing is copied between steps and positions are
 explicit, so padding never shifts them. With the fast vision path below, the language model's step
-is a `GraphedCall`: on CUDA, a step of a shape seen before (every env one frame, the usual RL
-step) replays as a CUDA graph instead of launching the model's kernels one by one.
+and its vision tower's are `GraphedCall`s: on CUDA, a step of a shape seen before (every env one frame,
+the usual RL step) replays as CUDA graphs instead of launching the model's kernels one by one.
 
-Qwen2.5-VL (SDPA or eager attention) also gets a faster vision tower (`_Qwen25Vision`: cached grid
-geometry, one batched attention call per window length, the patch Conv3d as a matrix product; checked
-against the tower on the first call with each image grid, in 16-bit types by a bound derived from the
-tower's own rounding error) whose features go into the model's own steps
-(embed, place the image features, language model). Costs per call on the tiny RM on CPU are in
+Qwen2.5-VL (SDPA or eager attention) also gets the batched vision path (`vlm_rewards.models.fast_vision`,
+checked against the tower on the first call with each image grid) whose features go into the model's
+own steps (embed, place the image features, language model). Costs per call on the tiny RM on CPU are in
 docs/benchmarks.md ("RL reward overhead").
 
 Only full-attention caches are supported (all Qwen-VL text models here); sliding-window layers would
@@ -126,8 +124,8 @@ class KVCacheSession(RewardSession):
         `config.use_reference` is set, and then required.
     spec: optional, the adapter's `RewardSpec`; its `frame_size` bounds are then checked as `score`
         checks them (the network's own minimum side is checked always).
-    cuda_graphs: on CUDA, replay the language model's step as a CUDA graph (`GraphedCall`; used
-        with the fast vision path). False runs every step eagerly.
+    cuda_graphs: on CUDA, replay the vision tower's and the language model's steps as CUDA graphs
+        (`GraphedCall`; with the fast vision path). False runs every step eagerly.
 
     `append(frames, views)` returns per stream the progress of its new frames, equal to
     `network.predict` on the whole clip so far, and sets `last_components` (a network with success or
@@ -177,6 +175,7 @@ class KVCacheSession(RewardSession):
         language_model = network.backbone.language_model
         self._cache = StreamCache(language_model.config, len(self._streams), network.backbone.dtype, network.device)
         self._language_step = GraphedCall(self._language_model_step, network.device, enabled=cuda_graphs)
+        self._vision_step = GraphedCall(self._vision.forward, network.device, cuda_graphs) if self._vision else None
 
     # ------------------------------------------------------------------------------------ interface
 
@@ -225,7 +224,7 @@ class KVCacheSession(RewardSession):
     def close(self) -> None:
         """Drop the streams' cache; the session cannot be used afterwards."""
         self._closed = True
-        self._cache = self._language_step = None
+        self._cache = self._language_step = self._vision_step = None
 
     def input_ids(self, index: int) -> torch.Tensor:
         """(L,) the token ids stream `index` has run so far (its prefix and every appended frame)."""
@@ -364,6 +363,10 @@ class KVCacheSession(RewardSession):
 
     # ------------------------------------------------------------------------------------ model
 
+    def _graphed_vision(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor, key: tuple) -> torch.Tensor:
+        """The checked fast vision path of one step's frames, as a CUDA graph per frame grid (`GraphedCall`)."""
+        return self._vision_step(pixel_values, key=key, constants=(grid_thw, key))
+
     def _language_model_step(
         self, embeds: torch.Tensor, positions: torch.Tensor, lengths: torch.Tensor
     ) -> torch.Tensor:
@@ -410,7 +413,7 @@ class KVCacheSession(RewardSession):
         cache_lengths = torch.tensor(cached, device=device)
         image_grid_thw = image_grid_thw.to(device)
         input_ids, positions = input_ids.to(device), positions.to(device)
-        features = self._vision(pixel_values, image_grid_thw) if self._vision is not None else None
+        features = self._vision(pixel_values, image_grid_thw, self._graphed_vision) if self._vision else None
         backbone = network.backbone
         if features is None:
             hidden = backbone(

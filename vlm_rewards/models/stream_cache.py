@@ -1,4 +1,4 @@
-"""Fixed-size key/value buffers for a streaming session, and its language-model step as a CUDA graph.
+"""Fixed-size key/value buffers for a streaming session, and `GraphedCall`, which replays its steps as CUDA graphs.
 
 `StreamCache` holds one row per stream: row b keeps stream b's tokens in columns [0, length_b). A step
 writes each stream's new tokens right after its cached ones and attends over the whole row under a
@@ -36,7 +36,7 @@ class StreamCache(Cache):
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self._allocate(capacity)
-        self.write_index = torch.zeros(streams, 1, 1, 1, dtype=torch.long, device=self.device)
+        self.write_index: torch.Tensor | None = None  # set by `prepare`, read by `update`
 
     @property
     def capacity(self) -> int:
@@ -61,7 +61,8 @@ class StreamCache(Cache):
 
     def prepare(self, lengths: torch.Tensor, new_tokens: int) -> torch.Tensor:
         """Set the write columns for `new_tokens` tokens after each row's `lengths` (a (streams,) long tensor on
-        the cache's device) and return the boolean attention mask (True: attend) for that step."""
+        the cache's device) and return that step's attention mask: boolean for SDPA (True: attend), additive for
+        eager attention."""
         streams, heads, head_dim = self.shape
         steps = torch.arange(new_tokens, device=self.device)
         columns = lengths[:, None] + steps[None, :]  # (streams, new_tokens)

@@ -221,3 +221,35 @@ def test_session_limits_refuse_when_full_and_expire_idle_sessions(server):
     third.close()  # already expired there: closing is quiet
     counts = httpx.get(server + "/limited/metrics", timeout=30).json()["sessions"]
     assert counts["open"] == 0 and counts["refused"] == 1 and counts["expired"] == 2
+
+
+def test_rl_through_the_server_sends_one_frame_per_env_step_and_matches_in_process(server):
+    """The SB3 reward wrapper streams through `RemoteReward`'s session: the same rewards as the reward in
+    process, and the server receives each env's frames once (rescoring would send every prefix again)."""
+    from stable_baselines3.common.vec_env import DummyVecEnv
+
+    from vlm_rewards.robotics.config import EnvConfig
+    from vlm_rewards.robotics.envs import make_env
+    from vlm_rewards.robotics.reward_wrapper import RewardWrapperConfig, SB3VecReward
+
+    env_config = EnvConfig(id="vlmr/Reach-v0", num_envs=2, width=SIDE, height=SIDE, max_episode_steps=8)
+    actions = np.random.default_rng(0).uniform(-1, 1, (12, 2, 2))
+
+    def run(reward) -> np.ndarray:
+        base = DummyVecEnv([lambda: make_env(env_config, goal_image=True) for _ in range(2)])
+        venv = SB3VecReward(base, reward, RewardWrapperConfig())
+        venv.seed(0)
+        venv.reset()
+        rewards = np.array([venv.step(action)[1] for action in actions])
+        venv.close()
+        return rewards
+
+    def frames_received() -> int:
+        return httpx.get(server + "/rule/metrics", timeout=30).json()["sessions"]["frames_received"]
+
+    before = frames_received()
+    remote = run(RemoteReward(server + "/rule"))
+    sent = frames_received() - before
+    np.testing.assert_array_equal(remote, run(build_reward("goal_pixel_progress")))
+    # per env: the reset frame and 8 steps, then the next episode's reset frame and 4 steps
+    assert sent == 2 * (1 + 8 + 1 + 4), sent

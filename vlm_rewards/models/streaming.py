@@ -430,7 +430,7 @@ class KVCacheSession(RewardSession):
             embeds = backbone.get_input_embeddings()(input_ids)
             image_mask = (input_ids == backbone.config.image_token_id).unsqueeze(-1).expand_as(embeds)
             embeds = embeds.masked_scatter(image_mask, features.to(embeds.dtype))
-            hidden = self._language_step(embeds, positions, cache_lengths, key=(self._cache.capacity,))
+            hidden = self._language_step(embeds, positions, cache_lengths)
 
         # Every readout of every stream through the heads in one call.
         rows = torch.cat([torch.full((len(layout.readouts),), b, dtype=torch.long) for b, layout in enumerate(layouts)])

@@ -154,14 +154,17 @@ class Encoder:
         self.size += array.nbytes
         return {"$array": len(self.arrays) - 1}
 
+    def optional_ref(self, array: np.ndarray | None) -> dict[str, int] | None:
+        return None if array is None else self.ref(np.asarray(array))
+
     def item(self, request: RewardRequest) -> dict[str, Any]:
         return {
             "frames": self.ref(np.asarray(request.frames)),
             "text": request.text,
-            "reference": None if request.reference is None else self.ref(np.asarray(request.reference)),
+            "reference": self.optional_ref(request.reference),
             "views": {name: self.ref(np.asarray(view)) for name, view in dict(request.views).items()},
             "key": encode_key(request.key),
-            "frame_index": None if request.frame_index is None else self.ref(np.asarray(request.frame_index)),
+            "frame_index": self.optional_ref(request.frame_index),
         }
 
     def body(self, header: Mapping[str, Any]) -> bytes:
@@ -186,7 +189,7 @@ def encode_prefer(a: Sequence[RewardRequest], b: Sequence[RewardRequest], api: s
 def encode_open(texts: Sequence[str], references: Sequence[np.ndarray | None], api: str = API_VERSION) -> bytes:
     """The body of a `/v1/sessions` request (open a session): per stream its text and reference or None."""
     encoder = Encoder()
-    refs = [None if reference is None else encoder.ref(np.asarray(reference)) for reference in references]
+    refs = [encoder.optional_ref(reference) for reference in references]
     return encoder.body({"api": api, "texts": list(texts), "references": refs})
 
 
@@ -203,8 +206,7 @@ def encode_append(
 def encode_reset(index: int, text: str, reference: np.ndarray | None, api: str = API_VERSION) -> bytes:
     """The body of a `/v1/sessions/{id}/reset` request: restart stream `index`."""
     encoder = Encoder()
-    ref = None if reference is None else encoder.ref(np.asarray(reference))
-    return encoder.body({"api": api, "index": index, "text": text, "reference": ref})
+    return encoder.body({"api": api, "index": index, "text": text, "reference": encoder.optional_ref(reference)})
 
 
 def decode_open(body: DecodedBody) -> tuple[list[str], list[np.ndarray | None]]:

@@ -13,15 +13,13 @@ setup: .venv/.setup-done
 demo: setup
 	MUJOCO_GL=egl HF_HUB_OFFLINE=1 $(VLMR) pipeline
 
-# A short version of the generation experiment (docs/results/generation.md): a from-scratch base
-# generator with colour-shape pairs held out, then GRPO on those prompts with the verifier as reward;
-# image grids (grpo/eval/) and curves (curves.png) under runs/grpo_demo. The full run is the same two
-# configs without the step and epoch overrides.
+# A short version of the generation experiment (docs/generation.md, "The demo"): GRPO from the shipped base
+# generator (data/models/shapes-base) on the held-out `grpo` colour-shape pairs with the verifier as reward, then
+# every checkpoint evaluated on the `grpo`, `unseen` (never trained on) and `train` splits: runs/grpo_demo/report.md
+# with the table, curves.png and the image grids. The full-length run is configs/grpo/shapes_six_pairs.yaml.
 grpo-demo: setup
-	$(VLMR) pretrain-generator configs/grpo/shapes_base_pairs.yaml output_dir=runs/grpo_demo/base steps=300 eval_every=300
-	$(VLMR) grpo configs/grpo/shapes_verifier_pairs.yaml output_dir=runs/grpo_demo/grpo \
-		model.trained_tiny=runs/grpo_demo/base/model train.epochs=4 eval_every=2 checkpoint_every=2
-	$(PYTHON) -m vlm_rewards.generation.shapes_eval curves runs/grpo_demo/grpo --output runs/grpo_demo/curves.png
+	$(VLMR) grpo configs/grpo/shapes_demo.yaml
+	$(PYTHON) -m vlm_rewards.generation.demo runs/grpo_demo/grpo --output runs/grpo_demo
 
 test: setup
 	.venv/bin/ruff check .

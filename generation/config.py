@@ -23,9 +23,10 @@ from vlm_rewards.config import JobConfig, Settings
 DEFAULT_NOISE_LEVEL = 0.7
 """Flow-GRPO's noise level a: the default of `SamplerSettings.noise_level` and of `sde.sde_step_with_logprob`."""
 
-Split = Literal["train", "held_out", "all"]
-"""A split of the ShapesWorld text-to-image prompts (`vlm_rewards.generation.shapes_t2i`)."""
-Holdout = Literal["triples", "pairs"]
+Split = Literal["train", "held_out", "all", "grpo", "unseen"]
+"""A split of the ShapesWorld text-to-image prompts (`vlm_rewards.generation.shapes_t2i`): "grpo" and "unseen" are
+the `six_pairs` holdout's held-out pairs GRPO trains on and those it never sees."""
+Holdout = Literal["triples", "pairs", "six_pairs"]
 """Which ShapesWorld combinations are held out of base training (`vlm_rewards.generation.shapes_t2i`)."""
 
 

@@ -13,6 +13,9 @@
 `vlmr grpo` writes `export.formats` of its final weights to output_dir/export/<format> (`export_final`);
 `vlmr export-generator RUN_DIR` exports any checkpoint of a run (`export_checkpoint`). Either exports the
 weights the run evaluated: with `ema_decay`, the EMA.
+
+`export_base` writes a tiny generator folder (`vlmr pretrain-generator`'s output) in fp16 or bf16: the shipped
+base model's format (`vlm_rewards.generation.pretrain ship`). It loads back in fp32 like any such folder.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from peft import PeftModel, get_peft_model_state_dict
 
 from vlm_rewards.generation.config import GRPOConfig
 from vlm_rewards.generation.ema import ParameterEMA
-from vlm_rewards.generation.models import Family, ImageGenerator, save_tiny_generator
+from vlm_rewards.generation.models import Family, ImageGenerator, load_tiny_generator, save_tiny_generator
 from vlm_rewards.io import atomic_folder, write_json
 
 logger = logging.getLogger(__name__)
@@ -39,6 +42,7 @@ EXPORT_INFO = "export.json"
 LORA_PIPELINES = {"flow": StableDiffusion3Pipeline, "flux": FluxPipeline}
 PEFT_PREFIX = "base_model.model."  # a PeftModel's key prefix; diffusers' layout names the denoiser's modules
 MERGED_FOLDER = {"flow": "transformer", "flux": "transformer", "ddim": "unet"}
+HALF_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def save_lora(model: PeftModel, folder: Path, family: Family) -> None:
@@ -114,16 +118,11 @@ def export_checkpoint(
     """A `vlmr grpo` run's checkpoint ("latest", "best", or a checkpoint folder) in `formats`, under `output`
     (default run_dir/export). The model and LoRA settings come from the run's latest checkpoint."""
     from vlm_rewards.generation.shapes_eval import load_policy
-    from vlm_rewards.generation.train import CHECKPOINT_CONFIG, checkpoints  # train imports this module
+    from vlm_rewards.generation.train import checkpoints  # train imports this module
 
     check_formats(formats)  # before a model is loaded
-    found = checkpoints(run_dir)
-    if not found:
-        raise ValueError(f"{run_dir}: no complete checkpoint in {run_dir / 'checkpoints'}; expected a vlmr grpo run")
-    saved = json.loads((found[-1][1] / CHECKPOINT_CONFIG).read_text())
-    # a `vlmr rwr` or `vlmr nft` run's own settings (temperature, nft) do not change what is exported
-    config = GRPOConfig.model_validate({name: saved[name] for name in GRPOConfig.model_fields if name in saved})
-    path = {"latest": found[-1][1], "best": run_dir / "best"}.get(checkpoint, Path(checkpoint))
+    config = run_config(run_dir)
+    path = {"latest": checkpoints(run_dir)[-1][1], "best": run_dir / "best"}.get(checkpoint, Path(checkpoint))
     if not (path / "model.safetensors").is_file():
         raise ValueError(
             f"checkpoint {checkpoint!r} ({path}): no model.safetensors; expected 'latest', 'best' (after a run with "
@@ -132,3 +131,30 @@ def export_checkpoint(
     generator = load_policy(config, path)
     info = {"run": str(run_dir), "checkpoint": str(path), "ema": bool(config.train.ema_decay)}
     return export_generator(generator, formats, output or run_dir / "export", info)
+
+
+def run_config(run_dir: Path) -> GRPOConfig:
+    """The model, LoRA and sampling settings of a `vlmr grpo`, `rwr` or `nft` run, from its latest checkpoint."""
+    from vlm_rewards.generation.train import CHECKPOINT_CONFIG, checkpoints  # train imports this module
+
+    found = checkpoints(run_dir)
+    if not found:
+        raise ValueError(f"{run_dir}: no complete checkpoint in {run_dir / 'checkpoints'}; expected a vlmr grpo run")
+    saved = json.loads((found[-1][1] / CHECKPOINT_CONFIG).read_text())
+    # a `vlmr rwr` or `vlmr nft` run's own settings (temperature, nft) do not change its model
+    return GRPOConfig.model_validate({name: saved[name] for name in GRPOConfig.model_fields if name in saved})
+
+
+def export_base(model_folder: Path, output: Path, dtype: str = "float16") -> Path:
+    """A tiny generator folder (`save_tiny_generator`'s) with its weights cast to fp16 or bf16, in the same layout,
+    replacing `output` atomically. `load_tiny_generator` reads it back in fp32 (diffusers' default dtype)."""
+    if dtype not in HALF_DTYPES:
+        raise ValueError(f"export dtype {dtype!r}: expected one of {list(HALF_DTYPES)}")
+    generator = load_tiny_generator(model_folder)
+    for module in (generator.denoiser, generator.text_encoder):
+        module.to(HALF_DTYPES[dtype])
+    with atomic_folder(output, replace=True) as target:
+        save_tiny_generator(generator, target)
+        write_json(target / EXPORT_INFO, {"format": dtype, "family": generator.family, "source": str(model_folder)})
+    logger.info("exported %s in %s to %s", model_folder, dtype, output)
+    return output

@@ -12,6 +12,8 @@ colour–shape pair (which check fails, and for which combinations).
         --split held_out --best-of 1,4,16
     python -m vlm_rewards.generation.shapes_eval accuracy configs/grpo/shapes_verifier_pairs.yaml \
         --holdout pairs --samples 8
+    python -m vlm_rewards.generation.shapes_eval accuracy configs/grpo/shapes_six_pairs.yaml \
+        --holdout six_pairs --split unseen --samples 8
     python -m vlm_rewards.generation.shapes_eval accuracy configs/grpo/shapes_verifier.yaml \
         --checkpoint runs/shapes_verifier/checkpoints/epoch_000030 --split train
     python -m vlm_rewards.generation.shapes_eval curves runs/shapes_verifier --output docs/results/img/curves.png
@@ -98,8 +100,8 @@ def accuracy(
     config_path: Annotated[Path, typer.Argument(help="the GRPO config (model and sampling settings)")],
     overrides: Annotated[list[str] | None, typer.Argument(help="dotted.key=value overrides")] = None,
     checkpoint: Annotated[Path | None, typer.Option(help="a checkpoint folder of its run; none: the base")] = None,
-    split: Annotated[str, typer.Option(help="train | held_out | all")] = "held_out",
-    holdout: Annotated[str, typer.Option(help="triples | pairs: which combinations held_out means")] = "triples",
+    split: Annotated[str, typer.Option(help="train | held_out | all; grpo | unseen (six_pairs)")] = "held_out",
+    holdout: Annotated[str, typer.Option(help="triples | pairs | six_pairs: the holdout")] = "triples",
     samples: Annotated[int, typer.Option(help="images per prompt")] = 4,
     best_of: Annotated[str, typer.Option(help="comma-separated N; each must divide --samples")] = "1",
     seed: int = 0,
@@ -127,8 +129,8 @@ def pairs(
     overrides: Annotated[list[str] | None, typer.Argument(help="dotted.key=value overrides")] = None,
     output: Annotated[Path, typer.Option(help="the new pair folder")] = Path("runs/generated_pairs"),
     checkpoint: Annotated[Path | None, typer.Option(help="a checkpoint folder of its run; none: the base")] = None,
-    split: Annotated[str, typer.Option(help="train | held_out | all")] = "all",
-    holdout: Annotated[str, typer.Option(help="triples | pairs: which combinations held_out means")] = "triples",
+    split: Annotated[str, typer.Option(help="train | held_out | all; grpo | unseen (six_pairs)")] = "all",
+    holdout: Annotated[str, typer.Option(help="triples | pairs | six_pairs: the holdout")] = "triples",
     samples: Annotated[int, typer.Option(help="images per prompt")] = 16,
     pairs_per_prompt: Annotated[int, typer.Option(help="at most this many pairs of a prompt's images")] = 16,
     seed: int = 0,

@@ -2,12 +2,17 @@
 
 Prompts follow one grammar, "a {colour} {shape} in the {region}", over the ShapesWorld vocabulary
 (`vlm_rewards.data.synthetic`: 6 colours × 3 shapes × 5 regions = 90 combinations, worded as the
-preference pairs the preference RM trains on). Two holdouts keep 15 combinations out of base training:
+preference pairs the preference RM trains on). Three holdouts keep combinations out of base training:
 - `triples`: those whose colour, shape and region indices sum to a multiple of 6. Every colour, shape
   and region, and every pair of them, is still seen in training; those triples are not.
 - `pairs`: three colour–shape pairs (red circle, blue square, purple triangle) in every region. Each
   colour is still seen with the other shapes and each shape with the other colours, but never
   together: a compositional gap a base model can fail on.
+- `six_pairs`: six colour–shape pairs in every region (30 prompts), split by pair into `grpo` (red circle,
+  blue square, purple triangle: GRPO trains on them) and `unseen` (green triangle, yellow circle, orange
+  square: never trained on, the generalisation test). Each colour is held out with one shape and each shape
+  with two colours, so every colour is still seen with two shapes and every shape with four colours. The
+  60 other prompts (`train`) are the base's own: GRPO's regression check.
 
 Ground truth is one object drawn by the ShapesWorld renderer near its region's centre (jittered by up
 to `JITTER` per axis) on ShapesWorld's grey table. The verifier reads an image back: saturated pixels
@@ -24,6 +29,7 @@ checks in [0, 1], the reward GRPO trains on: 0 for a missing colour or a far pos
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import get_args
 
@@ -43,6 +49,11 @@ MAX_CLUTTER = 0.5  # no other colour covering more than half the shape's area
 SOLID_FILL = 0.8  # the lowest fill of a ground-truth render: `solid_score` pays in full from here, nothing at 0.5
 SATURATION = 60  # pixels with max - min channel below this are table (grey)
 COLOR_DISTANCE = 80  # a saturated pixel is a palette colour only within this RGB distance of it
+# the `six_pairs` holdout's held-out colour-shape pairs, by split
+PAIR_SPLITS = {
+    "grpo": (("red", "circle"), ("blue", "square"), ("purple", "triangle")),
+    "unseen": (("green", "triangle"), ("yellow", "circle"), ("orange", "square")),
+}
 PROMPT = re.compile(rf"a ({'|'.join(COLORS)}) ({'|'.join(SHAPES)}) in the ({'|'.join(GOALS)})")
 
 
@@ -57,10 +68,19 @@ class ShapePrompt:
         return f"a {self.color} {self.shape} in the {self.region}"
 
     def held_out(self, holdout: Holdout = "triples") -> bool:
+        return self.split(holdout) != "train"
+
+    def split(self, holdout: Holdout = "triples") -> Split:
+        """Where the holdout puts the prompt: "train" (the base trains on it), "held_out", or "grpo" / "unseen"."""
         color, shape = list(COLORS).index(self.color), SHAPES.index(self.shape)
+        if holdout == "six_pairs":
+            found = [split for split, pairs in PAIR_SPLITS.items() if (self.color, self.shape) in pairs]
+            return found[0] if found else "train"
         if holdout == "pairs":
-            return color == 2 * shape
-        return (color + shape + list(GOALS).index(self.region)) % 6 == 0
+            held_out = color == 2 * shape
+        else:
+            held_out = (color + shape + list(GOALS).index(self.region)) % 6 == 0
+        return "held_out" if held_out else "train"
 
     @staticmethod
     def parse(text: str) -> ShapePrompt:
@@ -74,14 +94,34 @@ class ShapePrompt:
 
 
 def prompts(split: Split = "all", holdout: Holdout = "triples") -> list[str]:
-    """The benchmark's prompts in a fixed order: every combination, or one holdout's train or held-out ones."""
+    """The benchmark's prompts in a fixed order: every combination, or one split of a holdout: "train", "held_out"
+    and, for `six_pairs`, the held-out pairs' "grpo" and "unseen" parts."""
     for name, value, allowed in (("split", split, Split), ("holdout", holdout, Holdout)):
         if value not in get_args(allowed):
             raise ValueError(f"{name} {value!r}: expected one of {list(get_args(allowed))}")
+    if split in PAIR_SPLITS and holdout != "six_pairs":
+        raise ValueError(f"split {split!r}: only the 'six_pairs' holdout has it, got holdout {holdout!r}")
     every = [ShapePrompt(color, shape, region) for color in COLORS for shape in SHAPES for region in GOALS]
     if split == "all":
         return [prompt.text for prompt in every]
-    return [prompt.text for prompt in every if prompt.held_out(holdout) == (split == "held_out")]
+    if split == "held_out":
+        return [prompt.text for prompt in every if prompt.held_out(holdout)]
+    return [prompt.text for prompt in every if prompt.split(holdout) == split]
+
+
+def check_pair_splits(splits: dict[str, Iterable[str]]) -> None:
+    """Refuse a colour–shape pair whose prompts are in two of the named prompt lists (in any regions)."""
+    owner: dict[tuple[str, str], tuple[str, str]] = {}
+    for name, prompt_list in splits.items():
+        for text in prompt_list:
+            parsed = ShapePrompt.parse(text)
+            pair = (parsed.color, parsed.shape)
+            first_name, first_text = owner.setdefault(pair, (name, text))
+            if first_name != name:
+                raise ValueError(
+                    f"colour-shape pair '{parsed.color} {parsed.shape}' crosses splits: {first_text!r} is in "
+                    f"{first_name!r} and {text!r} in {name!r}; expected each pair in one split only"
+                )
 
 
 def render(prompt: str, rng: np.random.Generator, size: int = 32) -> np.ndarray:

@@ -16,7 +16,7 @@ from vlm_rewards.generation.train import build_generator
 
 CONFIGS_DIR = Path(__file__).parents[1] / "configs" / "grpo"
 # `vlmr pretrain-generator` configs; the rest are `vlmr grpo` ones
-PRETRAIN_CONFIGS = {"shapes_base", "shapes_base_pairs"}
+PRETRAIN_CONFIGS = {"shapes_base", "shapes_base_pairs", "shapes_base_six_pairs"}
 CONFIGS = sorted(path for path in CONFIGS_DIR.glob("*.yaml") if path.stem not in PRETRAIN_CONFIGS)
 
 

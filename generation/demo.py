@@ -1,0 +1,190 @@
+"""The report of `make grpo-demo`: a GRPO (or NFT) run on the shipped base, evaluated on every prompt split.
+
+For the base (epoch 0: the run's model without its LoRA) and each checkpoint the run kept, ODE samples of the
+`six_pairs` holdout's three splits (`vlm_rewards.generation.shapes_t2i`) from fixed-seed noise, and the share the
+gold verifier passes: `grpo` (the pairs the run trains on), `unseen` (pairs no one trains on: does it generalise?)
+and `train` (the base's own prompts: does it regress?). The evaluation noise seed (`--seed`) is not the run's seed,
+nor the seed the demo's settings were tuned with.
+
+    python -m vlm_rewards.generation.demo runs/grpo_demo/grpo --output runs/grpo_demo
+
+writes output/report.md (a table per evaluation and split with 95 % bootstrap intervals over prompts, the curves
+and the image grids), results.json, curves.png and grids/<split>_epoch_NNNN.png.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import scipy.stats
+import typer
+
+from vlm_rewards.data.synthetic import GOALS
+from vlm_rewards.generation.config import GRPOConfig
+from vlm_rewards.generation.export import run_config
+from vlm_rewards.generation.prompts import load_prompts
+from vlm_rewards.generation.shapes_eval import load_policy
+from vlm_rewards.generation.shapes_t2i import Verdict, check_pair_splits, prompts, sample_and_verify
+from vlm_rewards.generation.train import checkpoints, save_image_grid
+from vlm_rewards.io import atomic_path, write_json
+from vlm_rewards.tracking import Track, untracked
+
+SPLITS = ("grpo", "unseen", "train")
+HOLDOUT = "six_pairs"
+GRID_IMAGES = 2  # images per prompt in a grid, whose rows are colour-shape pairs (prompts: five regions each)
+FULL_BENCHMARK = "configs/grpo/shapes_six_pairs.yaml"
+
+
+def check_run_prompts(config: GRPOConfig) -> None:
+    """Refuse a run whose training prompts share a colour-shape pair with the unseen or the base's prompts."""
+    trained = [record.text for record in load_prompts(config.train.prompts)]
+    check_pair_splits({"the run's prompts": trained, "unseen": prompts("unseen", HOLDOUT),
+                       "train": prompts("train", HOLDOUT)})  # fmt: skip
+
+
+def split_accuracy(verdicts: list[Verdict], prompt_count: int, seed: int) -> dict[str, float]:
+    """Gold accuracy, its 95 % percentile-bootstrap interval over prompts, and the mean fill."""
+    per_prompt = np.array([verdict.correct for verdict in verdicts], dtype=float).reshape(prompt_count, -1).mean(1)
+    if np.all(per_prompt == per_prompt[0]):
+        low = high = float(per_prompt[0])
+    else:
+        interval = scipy.stats.bootstrap(
+            (per_prompt,), np.mean, confidence_level=0.95, n_resamples=2000, method="percentile",
+            rng=np.random.default_rng(seed),
+        ).confidence_interval  # fmt: skip
+        low, high = float(interval.low), float(interval.high)
+    fill = float(np.mean([verdict.fill for verdict in verdicts]))
+    return {"accuracy": float(per_prompt.mean()), "low": low, "high": high, "fill": fill}
+
+
+def evaluate_run(
+    run_dir: Path, output: Path, seed: int, images: dict[str, int], track: Track | None = None
+) -> list[dict]:
+    """One row per evaluation (the base, then each checkpoint): epoch -> split -> accuracy; grids under output."""
+    config = run_config(run_dir)
+    check_run_prompts(config)
+    rows = []
+    for epoch, checkpoint in (track or untracked)([(0, None), *checkpoints(run_dir)], "evaluations"):
+        generator = load_policy(config, checkpoint)
+        row: dict = {"epoch": epoch}
+        for split in SPLITS:
+            prompt_list = prompts(split, HOLDOUT)
+            samples, verdicts = sample_and_verify(
+                generator, prompt_list, images[split], config.sampling.eval_num_steps, seed
+            )
+            row[split] = split_accuracy(verdicts, len(prompt_list), seed)
+            shown = samples.reshape(len(prompt_list), images[split], *samples.shape[1:])[:, :GRID_IMAGES]
+            save_image_grid(
+                shown.reshape(-1, *samples.shape[1:]), output / "grids" / f"{split}_epoch_{epoch:04d}.png",
+                columns=len(GOALS) * shown.shape[1], scale=3,
+            )  # fmt: skip
+        rows.append(row)
+    return rows
+
+
+def plot_curves(rows: list[dict], run_dir: Path, path: Path) -> None:
+    """Gold accuracy per split per evaluation (with its interval), beside the training rollouts' gold accuracy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 2, figsize=(9, 3.2), sharey=True)
+    epochs = [row["epoch"] for row in rows]
+    for split in SPLITS:
+        values = np.array([[row[split][key] for key in ("accuracy", "low", "high")] for row in rows])
+        errors = np.abs(values[:, 1:].T - values[:, 0])
+        axes[0].errorbar(epochs, values[:, 0], yerr=errors, marker="o", markersize=3, capsize=2, label=split)
+    logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    points = [(row["epoch"], row["gold/accuracy/mean"]) for row in logged if row.get("gold/accuracy/mean") is not None]
+    if points:
+        axes[1].plot(*zip(*points), marker="o", markersize=3, label="grpo (rollouts)")
+    axes[0].set(title="fixed-seed ODE samples, per split", xlabel="epoch", ylabel="gold accuracy")
+    axes[1].set(title="training rollouts (SDE)", xlabel="epoch")
+    axes[0].legend(fontsize=8)
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
+def write_report(rows: list[dict], run_dir: Path, output: Path, seed: int, images: dict[str, int]) -> None:
+    config = run_config(run_dir)
+    cell = "{accuracy:.3f} [{low:.2f}, {high:.2f}]"
+    table = "\n".join(
+        f"| {row['epoch']} | " + " | ".join(cell.format(**row[split]) for split in SPLITS) + " |" for row in rows
+    )
+    first, last = rows[0], rows[-1]
+    change = ", ".join(f"{split} {last[split]['accuracy'] - first[split]['accuracy']:+.3f}" for split in SPLITS)
+    train = config.train
+    grids = "\n".join(
+        f"| {split} | ![](grids/{split}_epoch_{first['epoch']:04d}.png) | "
+        f"![](grids/{split}_epoch_{last['epoch']:04d}.png) |"
+        for split in SPLITS
+    )
+    sampled = train.batches_per_epoch * train.sample_batch_size
+    report = f"""# GRPO demo: the shipped base, trained on the `grpo` pairs, evaluated on every split
+
+Run: `{run_dir}` ({train.epochs} epochs of {sampled} images, groups of {train.group_size}, lr {train.lr},
+β {train.kl_beta}, EMA {train.ema_decay}). Base: `{config.model.trained_tiny}`. Evaluation:
+{config.sampling.eval_num_steps}-step ODE samples from noise seed {seed} (the run trains with seed {config.seed}),
+{images["grpo"]} images per prompt on `grpo` and `unseen` (15 prompts each), {images["train"]} on `train`
+(60 prompts); epoch 0 is the base. Cells: gold accuracy [95 % bootstrap interval over prompts].
+
+| epoch | grpo (trained on) | unseen (never trained on) | train (the base's prompts) |
+| --- | --- | --- | --- |
+{table}
+
+Change from the base to the last evaluation: {change}.
+
+![gold accuracy per split](curves.png)
+
+Samples of the base (left) and of the last evaluation (right), the same noise: a row per colour-shape pair, its five
+regions (top left, top right, bottom left, bottom right, center) side by side, {GRID_IMAGES} images each:
+
+| split | base | epoch {last["epoch"]} |
+| --- | --- | --- |
+{grids}
+
+## What this budget can and cannot show
+
+It can show the direction on one training seed and one evaluation noise seed: whether GRPO with the verifier's
+soft score raises gold accuracy on the pairs it samples, whether that carries over to pairs it never samples, and
+whether the base's own prompts hold. It cannot give an effect size: one run, {len(rows)} evaluations of
+{15 * images["grpo"]} images per held-out split, so differences inside the intervals are noise; the settings were
+tuned on another evaluation noise seed, but on the same training seed and splits. The full benchmark trains
+{FULL_BENCHMARK} (the same prompts, longer) on several training seeds, e.g.
+`vlmr grpo {FULL_BENCHMARK} seed=S output_dir=runs/six_pairs_sS` for S in 0..4, each evaluated by
+`python -m vlm_rewards.generation.demo runs/six_pairs_sS --output runs/six_pairs_sS/report`.
+"""
+    with atomic_path(output / "report.md") as temporary:
+        temporary.write_text(report)
+
+
+app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False)
+
+
+@app.command()
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="a vlmr grpo or vlmr nft run on the six_pairs base")],
+    output: Annotated[Path, typer.Option(help="the report's folder")] = Path("runs/grpo_demo"),
+    seed: Annotated[int, typer.Option(help="the evaluation noise seed")] = 1000,
+    images: Annotated[int, typer.Option(help="images per prompt on the grpo and unseen splits")] = 8,
+    train_images: Annotated[int, typer.Option(help="images per prompt on the base's train split")] = 2,
+) -> None:
+    """Evaluate the base and every checkpoint of the run on each split; write the report."""
+    from vlm_rewards.cli import tqdm_track
+
+    counts = {"grpo": images, "unseen": images, "train": train_images}
+    rows = evaluate_run(run_dir, output, seed, counts, tqdm_track)
+    write_json(output / "results.json", {"run": str(run_dir), "seed": seed, "images": counts, "evaluations": rows})
+    plot_curves(rows, run_dir, output / "curves.png")
+    write_report(rows, run_dir, output, seed, counts)
+    print(json.dumps({split: [row[split]["accuracy"] for row in rows] for split in SPLITS}))
+
+
+if __name__ == "__main__":
+    app()

@@ -26,7 +26,7 @@ from vlm_rewards.data.synthetic import GOALS
 from vlm_rewards.generation.config import GRPOConfig
 from vlm_rewards.generation.export import run_config
 from vlm_rewards.generation.prompts import load_prompts
-from vlm_rewards.generation.shapes_eval import load_policy
+from vlm_rewards.generation.shapes_eval import load_policy, logged_points, save_accuracy_figure
 from vlm_rewards.generation.shapes_t2i import Verdict, check_pair_splits, prompts, sample_and_verify
 from vlm_rewards.generation.train import checkpoints, save_image_grid
 from vlm_rewards.io import atomic_path, write_json
@@ -98,17 +98,10 @@ def plot_curves(rows: list[dict], run_dir: Path, path: Path) -> None:
         values = np.array([[row[split][key] for key in ("accuracy", "low", "high")] for row in rows])
         errors = np.abs(values[:, 1:].T - values[:, 0])
         axes[0].errorbar(epochs, values[:, 0], yerr=errors, marker="o", markersize=3, capsize=2, label=split)
-    logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    points = [(row["epoch"], row["gold/accuracy/mean"]) for row in logged if row.get("gold/accuracy/mean") is not None]
+    points = logged_points(run_dir, "gold/accuracy/mean")
     if points:
         axes[1].plot(*zip(*points), marker="o", markersize=3, label="grpo (rollouts)")
-    axes[0].set(title="fixed-seed ODE samples, per split", xlabel="epoch", ylabel="gold accuracy")
-    axes[1].set(title="training rollouts (SDE)", xlabel="epoch")
-    axes[0].legend(fontsize=8)
-    figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=100)
-    plt.close(figure)
+    save_accuracy_figure(figure, axes, "fixed-seed ODE samples, per split", path)
 
 
 def write_report(rows: list[dict], run_dir: Path, output: Path, seed: int, images: dict[str, int]) -> None:

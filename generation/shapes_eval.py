@@ -175,16 +175,28 @@ def curves(
 
     figure, axes = plt.subplots(1, 2, figsize=(9, 3.2), sharey=True)
     for run in runs:
-        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
         for axis, key in zip(axes, ("eval/gold/accuracy", "gold/accuracy/mean")):
-            points = [(row["epoch"], row[key]) for row in rows if row.get(key) is not None]
-            axis.plot(*zip(*points), marker="o", markersize=3, label=run.name)
-    axes[0].set(title="eval prompts, fixed-seed ODE samples", xlabel="epoch", ylabel="gold accuracy")
+            axis.plot(*zip(*logged_points(run, key)), marker="o", markersize=3, label=run.name)
+    save_accuracy_figure(figure, axes, "eval prompts, fixed-seed ODE samples", output)
+
+
+def logged_points(run: Path, key: str) -> list[tuple[int, float]]:
+    """(epoch, value) of every epoch of a GRPO run's metrics.jsonl that logged `key`."""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [(row["epoch"], row[key]) for row in rows if row.get(key) is not None]
+
+
+def save_accuracy_figure(figure, axes, eval_title: str, path: Path) -> None:
+    """Titles the (evaluation, training rollouts) gold-accuracy axes and writes the figure to `path`."""
+    import matplotlib.pyplot as plt
+
+    axes[0].set(title=eval_title, xlabel="epoch", ylabel="gold accuracy")
     axes[1].set(title="training rollouts (SDE)", xlabel="epoch")
     axes[0].legend(fontsize=8)
     figure.tight_layout()
-    output.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(output, dpi=100)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
 
 
 if __name__ == "__main__":

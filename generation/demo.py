@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Annotated
 
 import numpy as np
-import scipy.stats
 import typer
 
 from vlm_rewards.data.synthetic import GOALS
+from vlm_rewards.evaluation.metrics import bootstrap_ci
 from vlm_rewards.generation.config import GRPOConfig
 from vlm_rewards.generation.export import run_config
 from vlm_rewards.generation.prompts import load_prompts
@@ -36,6 +36,7 @@ SPLITS = ("grpo", "unseen", "train")
 HOLDOUT = "six_pairs"
 GRID_IMAGES = 2  # images per prompt in a grid, whose rows are colour-shape pairs (prompts: five regions each)
 FULL_BENCHMARK = "configs/grpo/shapes_six_pairs.yaml"
+BOOTSTRAP_RESAMPLES = 2000
 
 
 def check_run_prompts(config: GRPOConfig) -> None:
@@ -48,14 +49,7 @@ def check_run_prompts(config: GRPOConfig) -> None:
 def split_accuracy(verdicts: list[Verdict], prompt_count: int, seed: int) -> dict[str, float]:
     """Gold accuracy, its 95 % percentile-bootstrap interval over prompts, and the mean fill."""
     per_prompt = np.array([verdict.correct for verdict in verdicts], dtype=float).reshape(prompt_count, -1).mean(1)
-    if np.all(per_prompt == per_prompt[0]):
-        low = high = float(per_prompt[0])
-    else:
-        interval = scipy.stats.bootstrap(
-            (per_prompt,), np.mean, confidence_level=0.95, n_resamples=2000, method="percentile",
-            rng=np.random.default_rng(seed),
-        ).confidence_interval  # fmt: skip
-        low, high = float(interval.low), float(interval.high)
+    low, high = bootstrap_ci(per_prompt, np.mean, BOOTSTRAP_RESAMPLES, seed)
     fill = float(np.mean([verdict.fill for verdict in verdicts]))
     return {"accuracy": float(per_prompt.mean()), "low": low, "high": high, "fill": fill}
 

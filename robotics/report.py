@@ -22,6 +22,8 @@ import numpy as np
 import scipy.stats
 import yaml
 
+from vlm_rewards.evaluation.metrics import bootstrap_ci as bootstrap_interval
+
 logger = logging.getLogger("vlm_rewards.robotics.report")
 
 
@@ -51,7 +53,6 @@ def steps_to_reach(steps: np.ndarray, rates: np.ndarray, level: float = 0.8) -> 
 # ---------------------------------------------------------------------- the protocol's statistics
 
 LEVEL = 0.8  # the success rate whose first crossing is "steps to 80 %"
-CONFIDENCE = 0.95
 RESAMPLES = 10_000
 FULL_TEST_SEEDS = 5  # issue #36's protocol: every condition on at least this many test seeds
 
@@ -63,14 +64,7 @@ def iqm(values: np.ndarray, axis: int = 0) -> np.ndarray | float:
 
 def bootstrap_ci(values: list[float], seed: int = 0) -> tuple[float, float]:
     """95 % percentile-bootstrap interval of the IQM over runs (resampled with replacement, seeded)."""
-    values = np.asarray(values, dtype=float)
-    if np.all(values == values[0]):  # every resample has this IQM (the bootstrap would warn)
-        return float(values[0]), float(values[0])
-    result = scipy.stats.bootstrap(
-        (values,), iqm, vectorized=True, confidence_level=CONFIDENCE, n_resamples=RESAMPLES,
-        method="percentile", rng=np.random.default_rng(seed),
-    )  # fmt: skip
-    return float(result.confidence_interval.low), float(result.confidence_interval.high)
+    return bootstrap_interval(values, iqm, RESAMPLES, seed)
 
 
 def run_outcome(run_dir: Path, level: float = LEVEL) -> dict:

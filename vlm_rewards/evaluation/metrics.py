@@ -1,11 +1,13 @@
-"""Reward-model metrics: value-order correlation, pairwise accuracy, success AUC, progress error, stage accuracy."""
+"""Reward-model metrics: value-order correlation, pairwise accuracy, success AUC, progress error, stage accuracy;
+and the seeded bootstrap interval the result reports share."""
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
+import scipy.stats
 from scipy.stats import spearmanr
 from sklearn.metrics import roc_auc_score
 
@@ -131,3 +133,18 @@ def step_correlation(predicted: Sequence[np.ndarray], labels: Sequence[np.ndarra
     if predicted_steps.std() < no_spread:
         return 0.0
     return float(np.corrcoef(predicted_steps, label_steps)[0, 1])
+
+
+def bootstrap_ci(
+    values: Sequence[float], statistic: Callable[..., np.ndarray], resamples: int, seed: int = 0
+) -> tuple[float, float]:
+    """95 % percentile-bootstrap interval of `statistic` (called with an `axis`) over `values`, resampled with
+    replacement from a seeded generator, so a report is reproducible."""
+    values = np.asarray(values, dtype=float)
+    if np.all(values == values[0]):  # every resample gives the same value (the bootstrap would warn)
+        return float(values[0]), float(values[0])
+    result = scipy.stats.bootstrap(
+        (values,), statistic, vectorized=True, confidence_level=0.95, n_resamples=resamples,
+        method="percentile", rng=np.random.default_rng(seed),
+    )  # fmt: skip
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)

@@ -4,6 +4,7 @@
 - `RWRConfig`: `vlmr rwr` (`vlm_rewards.generation.rwr`), a GRPO config plus RWR's temperature.
 - `NFTConfig`: `vlmr nft` (`vlm_rewards.generation.nft`), a GRPO config plus DiffusionNFT's `nft` section.
 - `PretrainConfig`: `vlmr pretrain-generator` (`vlm_rewards.generation.pretrain`).
+- `BenchmarkConfig`: `vlmr generation-benchmark` (`vlm_rewards.generation.benchmark`), issue #37's comparison.
 
 `SamplerSettings` is what the rollout sampler (`vlm_rewards.generation.sampling`) reads; a GRPO config's
 `sampling` section is one, plus the evaluation's step count. Importing this module loads neither torch
@@ -12,13 +13,14 @@ nor diffusers.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import numpy as np
 import pydantic
 
-from vlm_rewards.config import JobConfig, Settings
+from vlm_rewards.config import JobConfig, OutputDir, Settings
 
 DEFAULT_NOISE_LEVEL = 0.7
 """Flow-GRPO's noise level a: the default of `SamplerSettings.noise_level` and of `sde.sde_step_with_logprob`."""
@@ -427,3 +429,82 @@ class PretrainConfig(JobConfig):
     """Denoising steps of the evaluation's ODE samples."""
     eval_images_per_prompt: int = pydantic.Field(4, gt=0)
     """Evaluation images per prompt."""
+
+
+TUNING_NOISE_SEED = 7
+"""The evaluation noise seed `make grpo-demo`'s settings were chosen on (docs/generation.md): never a reported one."""
+
+
+class BenchmarkArm(Settings):
+    """One algorithm of the generation benchmark: a run config, trained once per training seed."""
+
+    algorithm: Literal["grpo", "nft", "rwr"]
+    """The trainer: `vlmr grpo`, `vlmr nft` (DiffusionNFT) or `vlmr rwr` (reward-weighted regression)."""
+    config: Path
+    """The run config it trains (a GRPO config; NFT's adds its `nft` section), relative to the working folder.
+    The benchmark sets its `seed`, `output_dir` (output_dir/<arm>_seed<S>) and `resume: true`."""
+    seeds: list[int] = pydantic.Field(min_length=2)
+    """Training seeds, one run each (at least 2: the arm's interval is over them)."""
+
+    @pydantic.field_validator("seeds")
+    @classmethod
+    def _distinct(cls, seeds: list[int]) -> list[int]:
+        if len(set(seeds)) != len(seeds):
+            raise ValueError(f"seeds {seeds}: each training seed once")
+        return seeds
+
+
+class SplitImages(Settings):
+    """Evaluation images per prompt on each split of the `six_pairs` holdout (`generation/shapes_t2i.py`)."""
+
+    grpo: int = pydantic.Field(16, gt=0)
+    """On the `grpo` split's 15 prompts (the pairs the runs train on)."""
+    unseen: int = pydantic.Field(16, gt=0)
+    """On the `unseen` split's 15 prompts (pairs no run trains on)."""
+    train: int = pydantic.Field(4, gt=0)
+    """On the `train` split's 60 prompts (the base's own)."""
+
+
+def _default_arms() -> dict[str, BenchmarkArm]:
+    five = [0, 1, 2, 3, 4]
+    return {
+        "grpo": BenchmarkArm(algorithm="grpo", config=Path("configs/grpo/shapes_six_pairs.yaml"), seeds=five),
+        "nft": BenchmarkArm(algorithm="nft", config=Path("configs/nft/shapes_six_pairs.yaml"), seeds=five),
+        "rwr": BenchmarkArm(algorithm="rwr", config=Path("configs/rwr/shapes_six_pairs.yaml"), seeds=five[:3]),
+    }
+
+
+class BenchmarkConfig(JobConfig):
+    """`vlmr generation-benchmark`: every arm's runs on the `six_pairs` holdout and the base, evaluated on every
+    split, aggregated over seeds (`vlm_rewards.generation.benchmark`). Resumable."""
+
+    output_dir: OutputDir = Path("runs/six_pairs")
+    """The benchmark's folder: a run per arm and seed (<arm>_seed<S>), evaluations/, report.md, results.json and
+    the figure."""
+    arms: dict[str, BenchmarkArm] = pydantic.Field(default_factory=_default_arms)
+    """The compared algorithms by name (letters, digits, - and _; not "base"). Every arm must sample the same
+    number of images in training and start from the same base model (checked before anything trains)."""
+    base_seeds: list[int] = pydantic.Field([2000, 2001, 2002, 2003, 2004], min_length=2)
+    """Evaluation noise seeds of the base model (one evaluation each; its interval is over them)."""
+    eval_seed: int = 2000
+    """The evaluation noise seed of every run: not a training seed, not the tuning seed 7."""
+    images: SplitImages = pydantic.Field(default_factory=SplitImages)
+    """Evaluation images per prompt, per split."""
+    checkpoint: Literal["last"] = "last"
+    """Which checkpoint of a run is reported: the last one (its EMA weights when the run keeps an EMA). Nothing is
+    selected on the evaluation splits."""
+
+    @pydantic.model_validator(mode="after")
+    def _check_seeds_and_arms(self) -> BenchmarkConfig:
+        if not self.arms:
+            raise ValueError("arms: at least one arm is needed")
+        for name, arm in self.arms.items():
+            if name == "base" or not re.fullmatch(r"[A-Za-z0-9_-]+", name):
+                raise ValueError(f"arms: name {name!r}: expected letters, digits, - and _, and not 'base'")
+            if self.eval_seed in arm.seeds:
+                raise ValueError(f"eval_seed {self.eval_seed} is a training seed of arm {name!r}; use another")
+        if len(set(self.base_seeds)) != len(self.base_seeds):
+            raise ValueError(f"base_seeds {self.base_seeds}: each noise seed once")
+        if TUNING_NOISE_SEED in (self.eval_seed, *self.base_seeds):
+            raise ValueError(f"noise seed {TUNING_NOISE_SEED} chose the demo's settings; report other seeds")
+        return self

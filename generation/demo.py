@@ -35,7 +35,7 @@ from vlm_rewards.tracking import Track, untracked
 SPLITS = ("grpo", "unseen", "train")
 HOLDOUT = "six_pairs"
 GRID_IMAGES = 2  # images per prompt in a grid, whose rows are colour-shape pairs (prompts: five regions each)
-FULL_BENCHMARK = "configs/grpo/shapes_six_pairs.yaml"
+FULL_BENCHMARK = "configs/experiments/generation/six_pairs.yaml"
 BOOTSTRAP_RESAMPLES = 2000
 
 
@@ -60,8 +60,20 @@ def evaluate_run(
     """One row per evaluation (the base, then each checkpoint): epoch -> split -> accuracy; grids under output."""
     config = run_config(run_dir)
     check_run_prompts(config)
+    return evaluate_checkpoints(config, [(0, None), *checkpoints(run_dir)], output, seed, images, track)
+
+
+def evaluate_checkpoints(
+    config: GRPOConfig,
+    evaluations: list[tuple[int, Path | None]],
+    output: Path,
+    seed: int,
+    images: dict[str, int],
+    track: Track | None = None,
+) -> list[dict]:
+    """One row per (epoch, checkpoint; None: the base without LoRA): epoch -> split -> accuracy; grids under output."""
     rows = []
-    for epoch, checkpoint in (track or untracked)([(0, None), *checkpoints(run_dir)], "evaluations"):
+    for epoch, checkpoint in (track or untracked)(evaluations, "evaluations"):
         generator = load_policy(config, checkpoint)
         row: dict = {"epoch": epoch}
         for split in SPLITS:
@@ -142,10 +154,9 @@ It can show the direction on one training seed and one evaluation noise seed: wh
 soft score raises gold accuracy on the pairs it samples, whether that carries over to pairs it never samples, and
 whether the base's own prompts hold. It cannot give an effect size: one run, {len(rows)} evaluations of
 {15 * images["grpo"]} images per held-out split, so differences inside the intervals are noise; the settings were
-tuned on another evaluation noise seed, but on the same training seed and splits. The full benchmark trains
-{FULL_BENCHMARK} (the same prompts, longer) on several training seeds, e.g.
-`vlmr grpo {FULL_BENCHMARK} seed=S output_dir=runs/six_pairs_sS` for S in 0..4, each evaluated by
-`python -m vlm_rewards.generation.demo runs/six_pairs_sS --output runs/six_pairs_sS/report`.
+tuned on another evaluation noise seed, but on the same training seed and splits. The full benchmark,
+`vlmr generation-benchmark {FULL_BENCHMARK}`, trains the same prompts longer on five training seeds, beside
+DiffusionNFT and RWR at the same number of sampled images, and reports every split over seeds.
 """
     with atomic_path(output / "report.md") as temporary:
         temporary.write_text(report)

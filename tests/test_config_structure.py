@@ -30,6 +30,7 @@ JOB_CONFIGS = {
     "rwr": "vlm_rewards.generation.config:RWRConfig",
     "nft": "vlm_rewards.generation.config:NFTConfig",
     "pretrain-generator": "vlm_rewards.generation.config:PretrainConfig",
+    "generation-benchmark": "vlm_rewards.generation.config:BenchmarkConfig",
 }
 HEAVY_MODULES = ("torch", "transformers", "diffusers", "ray", "stable_baselines3", "accelerate")
 

@@ -353,6 +353,15 @@ def nft(args: JobArgs = None) -> None:
     run_config_job(NFTConfig, lambda config: run_nft(config, tqdm_track), args)
 
 
+@app.command("generation-benchmark")
+def generation_benchmark(args: JobArgs = None) -> None:
+    """GRPO, DiffusionNFT and RWR over seeds on the six_pairs holdout, with the base, into one report; resumable."""
+    from vlm_rewards.generation.benchmark import run_benchmark
+    from vlm_rewards.generation.config import BenchmarkConfig
+
+    run_config_job(BenchmarkConfig, lambda config: console.print(run_benchmark(config, tqdm_track)), args)
+
+
 @app.command("pretrain-backbone")
 def pretrain_backbone(args: JobArgs = None) -> None:
     """Pretrain the simulated world's small Qwen2.5-VL backbone on questions about ShapesWorld and Reach frames."""

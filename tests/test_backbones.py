@@ -90,6 +90,21 @@ def test_processor_chat_template_with_an_image(tiny_dirs):
     assert model.generate(**inputs, max_new_tokens=2, do_sample=False).shape[1] == inputs["input_ids"].shape[1] + 2
 
 
+def test_patch_size_sets_the_tokens_per_frame(tmp_path, tokenizer):
+    """An 8-pixel patch makes a 64-pixel frame 4x4 merged tokens (2x2 at the family's 14)."""
+    folder = build_tiny_backbone("qwen2_5_vl", tmp_path / "p8", tokenizer=tokenizer, patch_size=8)
+    model, processor = load_backbone(folder, with_lm_head=True)
+    assert model.config.vision_config.patch_size == 8 and VisionConfig.from_processor(processor).factor == 16
+    image = np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)
+    messages = [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": "A cat?"}]}]
+    inputs = processor.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"
+    )
+    assert inputs["image_grid_thw"].tolist() == [[1, 8, 8]]
+    assert int((inputs["input_ids"] == model.config.image_token_id).sum()) == 16
+    assert model(**inputs).logits.shape[1] == inputs["input_ids"].shape[1]
+
+
 def copy_folder(source, target):
     target.mkdir()
     for item in source.iterdir():

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -276,15 +276,19 @@ def build_tiny_backbone(
     vision_heads: int = 4,
     min_pixels: int | None = None,
     max_pixels: int | None = None,
+    patch_size: int | None = None,
     seed: int = 0,
 ) -> Path:
     """Save a randomly initialised `family` model (with LM head), its processor and tokenizer to `out_dir`.
 
     The folder loads like a real checkpoint, with `load_backbone` or `from_pretrained`. Special-token
     ids in the config are the tokenizer's; the default tokenizer is trained on the shipped corpus.
-    Pixel bounds default to 4..256 merged tokens per frame.
+    Pixel bounds default to 4..256 merged tokens per frame. `patch_size` (default: the family's, 14 or 16)
+    sets the pixels per vision patch: a frame has `(side / (2 * patch_size))**2` merged tokens.
     """
     spec = _family(family, "build_tiny_backbone")
+    if patch_size is not None:
+        spec = replace(spec, patch_size=patch_size)
     tokenizer = train_tokenizer(default_corpus()) if tokenizer is None else tokenizer
     ids = _token_ids(tokenizer)
     config = _tiny_config(

@@ -78,13 +78,18 @@ def test_tiny_backbone_loads_like_a_checkpoint(tiny_dirs, tokenizer, family):
     assert all(torch.equal(base_weights[name], lm_weights[name]) for name in base_weights)
 
 
-def test_processor_chat_template_with_an_image(tiny_dirs):
-    model, processor = load_backbone(tiny_dirs["qwen3_vl"], with_lm_head=True)
+def question_about_a_frame(processor):
+    """Model inputs of a chat turn with one random 64x64 frame and a question."""
     image = np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)
     messages = [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": "A cat?"}]}]
-    inputs = processor.apply_chat_template(
+    return processor.apply_chat_template(
         messages, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"
     )
+
+
+def test_processor_chat_template_with_an_image(tiny_dirs):
+    model, processor = load_backbone(tiny_dirs["qwen3_vl"], with_lm_head=True)
+    inputs = question_about_a_frame(processor)
     assert inputs["image_grid_thw"].tolist() == [[1, 4, 4]]
     assert int((inputs["input_ids"] == model.config.image_token_id).sum()) == 4
     assert model.generate(**inputs, max_new_tokens=2, do_sample=False).shape[1] == inputs["input_ids"].shape[1] + 2
@@ -95,11 +100,7 @@ def test_patch_size_sets_the_tokens_per_frame(tmp_path, tokenizer):
     folder = build_tiny_backbone("qwen2_5_vl", tmp_path / "p8", tokenizer=tokenizer, patch_size=8)
     model, processor = load_backbone(folder, with_lm_head=True)
     assert model.config.vision_config.patch_size == 8 and VisionConfig.from_processor(processor).factor == 16
-    image = np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)
-    messages = [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": "A cat?"}]}]
-    inputs = processor.apply_chat_template(
-        messages, add_generation_prompt=True, tokenize=True, return_dict=True, return_tensors="pt"
-    )
+    inputs = question_about_a_frame(processor)
     assert inputs["image_grid_thw"].tolist() == [[1, 8, 8]]
     assert int((inputs["input_ids"] == model.config.image_token_id).sum()) == 16
     assert model(**inputs).logits.shape[1] == inputs["input_ids"].shape[1]

@@ -25,7 +25,7 @@ import numpy as np
 
 from vlm_rewards.config import changed_settings, load_job_config
 from vlm_rewards.evaluation.metrics import bootstrap_ci
-from vlm_rewards.generation.config import BenchmarkConfig, GRPOConfig, NFTConfig, RWRConfig
+from vlm_rewards.generation.config import BASE_GROUP, BenchmarkConfig, GRPOConfig, NFTConfig, RWRConfig
 from vlm_rewards.generation.demo import BOOTSTRAP_RESAMPLES, SPLITS, check_run_prompts, evaluate_checkpoints
 from vlm_rewards.generation.nft import run_nft
 from vlm_rewards.generation.prompts import resolve_prompts
@@ -42,7 +42,6 @@ ALGORITHMS: dict[str, tuple[type[GRPOConfig], Callable]] = {
     "nft": (NFTConfig, run_nft),
     "rwr": (RWRConfig, run_rwr),
 }
-BASE = "base"  # the base model's group in the results, evaluated on each of `base_seeds`
 FINISHED = "benchmark_run.json"  # in a run's folder: its settings, written after its last epoch
 METRICS = ("accuracy", "fill")
 BOOTSTRAP_SEED = 0
@@ -70,7 +69,7 @@ def run_benchmark(config: BenchmarkConfig, track: Track | None = None) -> dict:
     runs = load_runs(config)  # every run config read and checked before anything trains
     trained = [run.name for run in track(runs, "benchmark runs") if train(run, track)]
     base = runs[0].config  # every arm's base model (checked)
-    jobs = [(BASE, seed, base, (0, None), seed) for seed in config.base_seeds]
+    jobs = [(BASE_GROUP, seed, base, (0, None), seed) for seed in config.base_seeds]
     jobs += [(run.arm, run.seed, run.config, last_checkpoint(run), config.eval_seed) for run in runs]
     evaluations = [evaluation(config, *job) for job in track(jobs, "benchmark evaluations")]
     rows = [row for row, _ in evaluations]

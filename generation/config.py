@@ -433,6 +433,8 @@ class PretrainConfig(JobConfig):
 
 TUNING_NOISE_SEED = 7
 """The evaluation noise seed `make grpo-demo`'s settings were chosen on (docs/generation.md): never a reported one."""
+BASE_GROUP = "base"
+"""The base model's group in the benchmark's results (evaluated on each of `base_seeds`): no arm may take it."""
 
 
 class BenchmarkArm(Settings):
@@ -499,8 +501,8 @@ class BenchmarkConfig(JobConfig):
         if not self.arms:
             raise ValueError("arms: at least one arm is needed")
         for name, arm in self.arms.items():
-            if name == "base" or not re.fullmatch(r"[A-Za-z0-9_-]+", name):
-                raise ValueError(f"arms: name {name!r}: expected letters, digits, - and _, and not 'base'")
+            if name == BASE_GROUP or not re.fullmatch(r"[A-Za-z0-9_-]+", name):
+                raise ValueError(f"arms: name {name!r}: expected letters, digits, - and _, and not {BASE_GROUP!r}")
             if self.eval_seed in arm.seeds:
                 raise ValueError(f"eval_seed {self.eval_seed} is a training seed of arm {name!r}; use another")
         if len(set(self.base_seeds)) != len(self.base_seeds):

@@ -169,3 +169,17 @@ def test_a_stage_continues_the_stage_its_init_from_names_and_only_the_last_stage
 
     result = CliRunner().invoke(app, ["pretrain-backbone", *overrides, f"init_from={tmp_path}"])
     assert result.exit_code == 2 and "neither a backbone config" in result.output
+
+
+def test_a_stage_with_finer_patches_starts_from_its_start_model_resized(tmp_path):
+    from vlm_rewards.models.backbones import build_tiny_backbone
+
+    sizes = dict(hidden_size=64, num_heads=2, num_kv_heads=1, num_layers=1, vision_depth=1, vision_hidden=32)
+    start = build_tiny_backbone("qwen2_5_vl", tmp_path / "start", **sizes)
+    run = tmp_path / "run"
+    overrides = [f"output_dir={run}", f"init_from={start}", *TINY_RUN, "training.model.patch_size=8"]
+    result = CliRunner().invoke(app, ["pretrain-backbone", *overrides, "training.optim.steps=2"])
+    assert result.exit_code == 0, result.output
+    assert load_backbone(run / "initial_patch8")[0].config.vision_config.patch_size == 8
+    model, processor = load_backbone(run / "model")
+    assert model.config.vision_config.patch_size == 8 and processor.image_processor.patch_size == 8

@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import AutoConfig, Qwen2_5_VLProcessor, Qwen2VLProcessor, Qwen3VLProcessor
 
-from vlm_rewards.models.backbones import FAMILIES, build_tiny_backbone, load_backbone
+from vlm_rewards.models.backbones import FAMILIES, build_tiny_backbone, load_backbone, resize_patches
 from vlm_rewards.models.tokenizer import SPECIAL_TOKENS, default_corpus, train_tokenizer
 from vlm_rewards.models.vision import VisionConfig
 
@@ -104,6 +104,23 @@ def test_patch_size_sets_the_tokens_per_frame(tmp_path, tokenizer):
     assert inputs["image_grid_thw"].tolist() == [[1, 8, 8]]
     assert int((inputs["input_ids"] == model.config.image_token_id).sum()) == 16
     assert model(**inputs).logits.shape[1] == inputs["input_ids"].shape[1]
+
+
+def test_resized_patches_embed_a_patch_as_the_old_model_embedded_it_enlarged(tmp_path, tiny_dirs):
+    """FlexiViT's resize: an 8-pixel patch through the new kernel = its bilinear 14-pixel upsample through the old;
+    every other weight is kept, and a 64-pixel frame becomes 4x4 merged tokens."""
+    old, _ = load_backbone(tiny_dirs["qwen2_5_vl"], with_lm_head=True, dtype=torch.float32)
+    new, processor = load_backbone(resize_patches(tiny_dirs["qwen2_5_vl"], tmp_path / "p8", 8), with_lm_head=True)
+    patch = torch.randn(5, 3, 2, 8, 8)
+    enlarged = torch.nn.functional.interpolate(patch.flatten(1, 2), size=(14, 14), mode="bilinear")
+    enlarged = enlarged.view(5, 3, 2, 14, 14)
+    old_embed, new_embed = old.model.visual.patch_embed, new.model.visual.patch_embed
+    torch.testing.assert_close(new_embed(patch.flatten(1)), old_embed(enlarged.flatten(1)), rtol=1e-4, atol=1e-5)
+    kept = {name: tensor for name, tensor in old.state_dict().items() if "patch_embed" not in name}
+    assert all(torch.equal(tensor, new.state_dict()[name]) for name, tensor in kept.items())
+    inputs = question_about_a_frame(processor)
+    assert inputs["image_grid_thw"].tolist() == [[1, 8, 8]]
+    assert new(**inputs).logits.shape[1] == inputs["input_ids"].shape[1]
 
 
 def copy_folder(source, target):

@@ -317,6 +317,40 @@ def build_tiny_backbone(
     return out_dir
 
 
+def resize_patches(source: str | Path, out_dir: str | Path, patch_size: int) -> Path:
+    """Save the backbone in `source` with `patch_size`-pixel vision patches to `out_dir`; every weight but the
+    patch embedding is kept.
+
+    The patch embedding is resized as FlexiViT does for a smaller patch: the new kernel is the old one read
+    through bilinear upsampling, so a new patch embeds exactly as the old model embedded it upsampled to the old
+    patch size. A frame then has more tokens that start out meaning what the old ones meant (the model sees it
+    as the old model saw the frame enlarged), a warm start for pretraining at the finer grid.
+    """
+    model, processor = load_backbone(source, with_lm_head=True, dtype=torch.float32)
+    family = replace(_FAMILIES[model.config.model_type], patch_size=patch_size)
+    state = model.state_dict()
+    key = next(name for name in state if name.endswith("patch_embed.proj.weight"))
+    state[key] = _resized_kernel(state[key], patch_size)
+    config = model.config
+    config.vision_config.patch_size = patch_size
+    resized = family.lm_model_class(config)
+    resized.load_state_dict(state)
+    out_dir = Path(out_dir)
+    resized.save_pretrained(out_dir)
+    _save_processor(family, processor.tokenizer, out_dir, None, None)
+    make_readable(out_dir)
+    return out_dir
+
+
+def _resized_kernel(kernel: torch.Tensor, patch_size: int) -> torch.Tensor:
+    """A (..., old, old) patch kernel as a (..., patch_size, patch_size) one: <new, x> = <old, upsample(x)>."""
+    old = kernel.shape[-1]
+    basis = torch.eye(patch_size * patch_size, dtype=kernel.dtype).view(-1, 1, patch_size, patch_size)
+    upsampled = torch.nn.functional.interpolate(basis, size=(old, old), mode="bilinear", align_corners=False)
+    resized = kernel.flatten(-2) @ upsampled.flatten(1).T  # (..., patch_size**2)
+    return resized.unflatten(-1, (patch_size, patch_size)).contiguous()
+
+
 def _load_config(name_or_path: str | Path) -> PretrainedConfig:
     path = Path(name_or_path)
     if path.is_dir() and not (path / "config.json").is_file():

@@ -36,7 +36,8 @@ class TinyBackbone(JobConfig):
     """Attention heads of the vision tower."""
     patch_size: int | None = pydantic.Field(None, ge=2)
     """Pixels per vision patch (two by two patches merge into one LM token); null: the family's own (14 for
-    Qwen2/2.5-VL, 16 for Qwen3-VL). A 64-pixel frame is 2x2 tokens at 14, 4x4 at 8."""
+    Qwen2/2.5-VL, 16 for Qwen3-VL), or the start model's. A 64-pixel frame is 2x2 tokens at 14, 4x4 at 8. A
+    start model (init_from) with other patches starts with its patch embedding resized (`resize_patches`)."""
     seed: int = 0
     """Seed of the random initial weights."""
 

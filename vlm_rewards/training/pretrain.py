@@ -31,7 +31,7 @@ from vlm_rewards.config import changed_settings
 from vlm_rewards.data.questions import Question, QuestionSource
 from vlm_rewards.fingerprint import sha256_file
 from vlm_rewards.io import atomic_folder, atomic_path, make_readable, write_json
-from vlm_rewards.models.backbones import MERGE_SIZE, build_tiny_backbone, load_backbone
+from vlm_rewards.models.backbones import MERGE_SIZE, build_tiny_backbone, load_backbone, resize_patches
 from vlm_rewards.models.inputs import ClipInputBuilder
 from vlm_rewards.models.tokenizer import IM_END, default_corpus, train_tokenizer
 from vlm_rewards.tracking import Track, untracked
@@ -125,6 +125,7 @@ def pretrain_backbone(
     backbone folder to continue (its weights and tokenizer); None: random weights of `config.model`."""
     output_dir.mkdir(parents=True, exist_ok=True)
     _check_settings(output_dir, config, start)
+    start = _at_patch_size(start, config.model.patch_size, output_dir) if start else None
     start = start or _initial_backbone(config, output_dir, tokenizer_texts)
     model, processor = load_backbone(start, with_lm_head=True, dtype=torch.float32)
     readout = SceneReadout(model.config.text_config.hidden_size, object_names)
@@ -205,6 +206,19 @@ def _initial_backbone(config: BackboneTraining, output_dir: Path, tokenizer_text
         tokenizer = train_tokenizer([*default_corpus(), *tokenizer_texts], vocab_size=config.vocab_size)
         with atomic_folder(folder) as temporary:
             build_tiny_backbone(out_dir=temporary, tokenizer=tokenizer, **config.model.model_dump())
+    return folder
+
+
+def _at_patch_size(start: Path, patch_size: int | None, output_dir: Path) -> Path:
+    """`start`, or when `patch_size` is set and differs from its own, its copy with patches of that size (made
+    once per run folder, `resize_patches`)."""
+    own = json.loads((start / "config.json").read_text())["vision_config"]["patch_size"]
+    if patch_size is None or patch_size == own:
+        return start
+    folder = output_dir / f"initial_patch{patch_size}"
+    if not (folder / "config.json").is_file():
+        with atomic_folder(folder) as temporary:
+            resize_patches(start, temporary, patch_size)
     return folder
 
 

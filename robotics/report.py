@@ -224,8 +224,9 @@ def compare_runs(curves: dict[str, list[Path]], output: Path) -> str:
 
 
 def _plot(root: Path, runs: dict[str, list[Path]], voc_history: dict[str, list[dict]]) -> None:
-    """The report's PNGs: success curves, and (when there is something to draw) fidelity and rollout VOC."""
-    plot_success_curves(runs, root / "success_curves.png")
+    """The report's PNGs, each when there is something to draw: success curves, fidelity and rollout VOC."""
+    if runs:
+        plot_success_curves(runs, root / "success_curves.png")
     learned = [d for d in runs.get("learned", []) if (d / "monitor.jsonl").is_file()]
     if learned:
         _plot_reward_fidelity(learned, root / "reward_fidelity.png")

@@ -12,7 +12,7 @@ from vlm_rewards.cli import app
 from vlm_rewards.media import write_video
 from vlm_rewards.robotics.envs import make_env
 from vlm_rewards.robotics.pipeline import Pipeline, PipelineConfig
-from vlm_rewards.robotics.report import hacking_check, steps_to_reach, success_statistics
+from vlm_rewards.robotics.report import ProtocolRuns, hacking_check, steps_to_reach, success_statistics, write_report
 
 runner = CliRunner()
 REDUCED = [
@@ -228,3 +228,11 @@ def test_hacking_check_flags_learned_progress_up_with_success_flat(tmp_path):
     _write_jsonl(tmp_path / "monitor.jsonl", monitor(np.full(8, 0.4)))
     _write_jsonl(tmp_path / "eval.jsonl", [{"timesteps": 8, "success_rate": 0.0}])
     assert not hacking_check(tmp_path, rise=0.2)["hacked"]
+
+
+def test_an_rm_only_report_has_the_rm_table_and_no_rl_plot(tmp_path):
+    metrics = {"voc_expert": 0.8, "reward_policy_expert": 0.9}
+    report = write_report(tmp_path, {"1x": metrics, "2x": metrics}, ProtocolRuns(test={}), {}, hacking_rise=0.2)
+    assert "| voc_expert | 0.800 | 0.800 |" in report.read_text()
+    assert json.loads((tmp_path / "summary.json").read_text())["rl"] == {}
+    assert not (tmp_path / "success_curves.png").exists()  # no RL conditions: nothing to draw

@@ -89,7 +89,7 @@ def test_importance_ratio_is_one_on_the_first_update(tmp_path, model, sampling):
         # another batch composition changes the kernels' summation order: round-off only
         subset = rollout.select([5, 2, 7])
         _, logs = step_loss(accelerator, generator, generator.denoiser, subset, k, advantages[:3], config)
-        assert logs["ratio_max_deviation"] < 1e-5
+        assert logs["ratio_max_deviation"] < 1e-4  # 1.3e-5 seen on one CPU; a wrong log-prob is off by far more
 
 
 def test_gradient_agreement_is_the_mean_cosine_of_consecutive_gradients():

@@ -125,8 +125,10 @@ def pretrain_backbone(
     backbone folder to continue (its weights and tokenizer); None: random weights of `config.model`."""
     output_dir.mkdir(parents=True, exist_ok=True)
     _check_settings(output_dir, config, start)
-    start = _at_patch_size(start, config.model.patch_size, output_dir) if start else None
-    start = start or _initial_backbone(config, output_dir, tokenizer_texts)
+    if start:
+        start = _at_patch_size(start, config.model.patch_size, output_dir)
+    else:
+        start = _initial_backbone(config, output_dir, tokenizer_texts)
     model, processor = load_backbone(start, with_lm_head=True, dtype=torch.float32)
     readout = SceneReadout(model.config.text_config.hidden_size, object_names)
     image_tokens: list[torch.Tensor] = []  # the vision tower's merged tokens of a training step, in frame order

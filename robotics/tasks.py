@@ -334,6 +334,14 @@ class TabletopEnv(gym.Env):
     def ee_position(self) -> np.ndarray:
         return self.data.qpos[0:2].copy()
 
+    def place_effector(self, position: np.ndarray) -> dict:
+        """Put the effector at `position` (x, y), at rest, the rest of the scene as it is; the new state's info
+        (progress, is_success). A probe of a reward over the workspace (`vlm_rewards.robotics.potential_map`)."""
+        self.data.qpos[0:2] = position
+        self.data.qvel[0:2] = 0.0
+        mujoco.mj_forward(self.model, self.data)
+        return self._info()
+
     def _set_rgba(self, geom: str, colour: str) -> None:
         self.model.geom_rgba[self.model.geom(geom).id] = (*COLOURS[colour], 1.0)
 

@@ -1,0 +1,138 @@
+"""Where a progress reward puts its value over the workspace: the potential that shaping climbs, as a map.
+
+For a few reset layouts of a `vlmr/*` task, the effector is placed at every point of a grid over the
+workspace (nothing else moves) and each point's frame is scored as the clip [the layout's first frame,
+the frame], the clip the pipeline's frame-by-frame reward scores at every RL step. Beside each map, the
+env's true progress at the same points, and their correlation over the grid. A potential that rises
+toward the named target everywhere is what shaping pays for; a map of flat plateaus (e.g. one per
+vision token) gives the critic a signal only where the plateaus meet.
+
+    python -m vlm_rewards.robotics.potential_map runs/pipeline/rm/reward.yaml --config runs/pipeline/config.yaml
+
+writes potential_map.png and potential_map.json beside the reward YAML (or in --output).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+import numpy as np
+import typer
+
+from vlm_rewards.interface import RewardModel, RewardRequest
+from vlm_rewards.io import atomic_path, write_json
+from vlm_rewards.robotics.config import EnvConfig, PipelineConfig
+
+
+@dataclass
+class PotentialMap:
+    """One layout: the reward's and the env's progress at each grid point (rows: y, columns: x)."""
+
+    seed: int
+    instruction: str
+    learned: np.ndarray
+    true: np.ndarray
+
+    @property
+    def correlation(self) -> float:
+        return float(np.corrcoef(self.learned.ravel(), self.true.ravel())[0, 1])
+
+
+def potential_maps(
+    reward: RewardModel, env_config: EnvConfig, camera: str, seeds: list[int], points: int
+) -> list[PotentialMap]:
+    """The map of every layout (reset seed), `points` x `points` effector positions over the workspace."""
+    from vlm_rewards.robotics.envs import make_env
+    from vlm_rewards.robotics.tasks import WORKSPACE
+
+    env = make_env(env_config, cameras=[camera])
+    task = env.unwrapped
+    if not hasattr(task, "place_effector"):
+        raise ValueError(f"potential map: {env_config.id} cannot place its effector; expected a vlmr/* task")
+    grid = np.linspace(-WORKSPACE, WORKSPACE, points)
+    maps = []
+    for seed in seeds:
+        _, info = env.reset(seed=seed)
+        first, requests, true = info["frames"][camera], [], []
+        for y in grid:
+            for x in grid:
+                true.append(task.place_effector(np.array([x, y]))["progress"])
+                frame = task.render_cameras((camera,))[camera]
+                requests.append(RewardRequest(np.stack([first, frame]), task.instruction))
+        learned = [result.progress[-1] for result in reward.score(requests)]
+        shape = (points, points)
+        maps.append(PotentialMap(seed, task.instruction, np.reshape(learned, shape), np.reshape(true, shape)))
+    env.close()
+    return maps
+
+
+def plot_maps(maps: list[PotentialMap], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, len(maps), figsize=(3.6 * len(maps), 7), squeeze=False)
+    for column, layout in enumerate(maps):
+        for row, (values, title) in enumerate(
+            [
+                (layout.learned, f"reward: {layout.instruction}"),
+                (layout.true, f"true progress (corr {layout.correlation:.2f})"),
+            ]
+        ):
+            axis = axes[row, column]
+            image = axis.imshow(values, origin="lower", vmin=0, vmax=1, extent=(-1, 1, -1, 1))
+            axis.set_title(title, fontsize=9)
+            axis.set_xticks([])
+            axis.set_yticks([])
+    fig.colorbar(image, ax=axes, shrink=0.6, label="progress")
+    with atomic_path(path) as temporary:
+        fig.savefig(temporary, dpi=100, format="png")
+    plt.close(fig)
+
+
+app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False)
+
+
+@app.command()
+def main(
+    reward: Annotated[Path, typer.Argument(help="a reward YAML, e.g. a pipeline run's rm/reward.yaml")],
+    config: Annotated[Path | None, typer.Option(help="the pipeline run's config.yaml (env, camera)")] = None,
+    output: Annotated[Path | None, typer.Option(help="the folder of the PNG and JSON; default: the reward's")] = None,
+    seed_start: Annotated[int, typer.Option(help="the first layout's reset seed")] = 50_000,
+    layouts: Annotated[int, typer.Option(help="layouts (reset seeds) to map")] = 3,
+    points: Annotated[int, typer.Option(help="grid points per axis")] = 15,
+) -> None:
+    """Map the reward over the workspace for a few layouts, with the true progress beside it."""
+    from vlm_rewards.config import load_job_config
+    from vlm_rewards.registry import build_reward
+
+    pipeline = load_job_config(PipelineConfig, config) if config else PipelineConfig()
+    seeds = list(range(seed_start, seed_start + layouts))
+    maps = potential_maps(build_reward(reward), pipeline.env, pipeline.rl.reward.wrapper.camera, seeds, points)
+    folder = output or reward.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    plot_maps(maps, folder / "potential_map.png")
+    summary = {
+        "reward": str(reward),
+        "points": points,
+        "layouts": [
+            {
+                "seed": m.seed,
+                "instruction": m.instruction,
+                "correlation": m.correlation,
+                "learned": m.learned.round(4).tolist(),
+                "true": m.true.round(4).tolist(),
+            }
+            for m in maps
+        ],
+    }
+    write_json(folder / "potential_map.json", summary)
+    print(json.dumps({m.instruction: round(m.correlation, 3) for m in maps}))
+
+
+if __name__ == "__main__":
+    app()

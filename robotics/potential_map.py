@@ -23,7 +23,7 @@ import numpy as np
 import typer
 
 from vlm_rewards.interface import RewardModel, RewardRequest
-from vlm_rewards.io import atomic_path, write_json
+from vlm_rewards.io import write_json
 from vlm_rewards.robotics.config import EnvConfig, PipelineConfig
 
 
@@ -70,12 +70,12 @@ def potential_maps(
 
 
 def plot_maps(maps: list[PotentialMap], path: Path) -> None:
-    import matplotlib
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from vlm_rewards.evaluation.plots import save_png
 
-    fig, axes = plt.subplots(2, len(maps), figsize=(3.6 * len(maps), 7), squeeze=False)
+    figure = Figure(figsize=(3.6 * len(maps), 7))
+    axes = figure.subplots(2, len(maps), squeeze=False)
     for column, layout in enumerate(maps):
         for row, (values, title) in enumerate(
             [
@@ -88,10 +88,8 @@ def plot_maps(maps: list[PotentialMap], path: Path) -> None:
             axis.set_title(title, fontsize=9)
             axis.set_xticks([])
             axis.set_yticks([])
-    fig.colorbar(image, ax=axes, shrink=0.6, label="progress")
-    with atomic_path(path) as temporary:
-        fig.savefig(temporary, dpi=100, format="png")
-    plt.close(fig)
+    figure.colorbar(image, ax=axes, shrink=0.6, label="progress")
+    save_png(figure, path)
 
 
 app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False)

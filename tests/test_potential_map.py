@@ -3,11 +3,10 @@
 import json
 
 import numpy as np
-import yaml
 from typer.testing import CliRunner
 
 from vlm_rewards.interface import RewardResult
-from vlm_rewards.registry import build_reward
+from vlm_rewards.registry import REWARDS_DIR, build_reward
 from vlm_rewards.rewards.function import FunctionReward
 from vlm_rewards.robotics.config import PipelineConfig
 from vlm_rewards.robotics.envs import make_env
@@ -46,17 +45,10 @@ def test_a_frame_reading_reward_maps_like_the_true_progress_and_a_blind_one_does
 
 
 def test_the_command_writes_the_figure_and_the_grids(tmp_path):
-    reward = tmp_path / "reward.yaml"
-    reward.write_text(yaml.safe_dump(_scripted_config()))
-    result = CliRunner().invoke(app, [str(reward), "--layouts", "2", "--points", "4"])
+    reward = REWARDS_DIR / f"{PipelineConfig().scripted_reward_config}.yaml"
+    result = CliRunner().invoke(app, [str(reward), "--output", str(tmp_path), "--layouts", "2", "--points", "4"])
     assert result.exit_code == 0, result.output
     summary = json.loads((tmp_path / "potential_map.json").read_text())
     assert [layout["seed"] for layout in summary["layouts"]] == [50_000, 50_001]
     assert np.array(summary["layouts"][0]["learned"]).shape == (4, 4)
     assert (tmp_path / "potential_map.png").read_bytes().startswith(b"\x89PNG")
-
-
-def _scripted_config() -> dict:
-    from vlm_rewards.registry import REWARDS_DIR
-
-    return yaml.safe_load((REWARDS_DIR / f"{PipelineConfig().scripted_reward_config}.yaml").read_text())

@@ -37,7 +37,7 @@ def plot_progress_curves(path: str | Path, curves: Sequence[Mapping[str, Any]], 
         ax.tick_params(labelsize=6)
     labelled = [ax for ax, curve in zip(axes, curves) if curve.get("label") is not None]
     (labelled or axes)[0].legend(fontsize=6)
-    _save(figure, path)
+    save_png(figure, path)
 
 
 def plot_training_curves(path: str | Path, history: Mapping[str, Sequence[tuple[int, float]]]) -> None:
@@ -49,7 +49,7 @@ def plot_training_curves(path: str | Path, history: Mapping[str, Sequence[tuple[
         ax.set_title(metric, fontsize=8)
         ax.set_xlabel("step", fontsize=7)
         ax.tick_params(labelsize=6)
-    _save(figure, path)
+    save_png(figure, path)
 
 
 def plot_reward_distributions(path: str | Path, groups: Mapping[str, Sequence[float]], title: str) -> None:
@@ -59,7 +59,7 @@ def plot_reward_distributions(path: str | Path, groups: Mapping[str, Sequence[fl
     ax.boxplot([np.asarray(values, dtype=float) for values in groups.values()], tick_labels=list(groups))
     ax.set_ylabel("reward")
     ax.set_title(title, fontsize=9)
-    _save(figure, path)
+    save_png(figure, path)
 
 
 def _grid(num_panels: int) -> tuple[Figure, list]:
@@ -74,6 +74,7 @@ def _grid(num_panels: int) -> tuple[Figure, list]:
     return figure, axes
 
 
-def _save(figure: Figure, path: str | Path) -> None:
+def save_png(figure: Figure, path: str | Path) -> None:
+    """`figure` as a PNG at `path`, written atomically."""
     with atomic_path(path) as temporary:
         figure.savefig(temporary, format="png", dpi=100)

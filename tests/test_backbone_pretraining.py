@@ -74,12 +74,31 @@ def test_the_scene_readout_marks_the_token_whose_patch_holds_each_object():
     frames = np.zeros((2, 56, 56, 3), np.uint8)
     objects = ((("red circle", 0.1, 0.9), ("gripper", 0.6, 0.2)), (("blue square", 0.9, 0.9),))
     grids = torch.tensor([[1, 4, 4], [1, 4, 4]])  # 2 x 2 merged tokens per frame, in reading order
-    targets = readout.targets([Question(frames, "q", "a", "order", objects)], grids)
-    assert targets.tolist() == [[0, 0, 0], [0, 0, 1], [1, 0, 0], [0, 0, 0], [0, 0, 0], [0, 0, 0], [0, 0, 0], [0, 1, 0]]
+    presence, offsets = readout.targets([Question(frames, "q", "a", "order", objects)], grids)
+    assert presence.tolist() == [[0, 0, 0], [0, 0, 1], [1, 0, 0], [0, 0, 0], [0, 0, 0], [0, 0, 0], [0, 0, 0], [0, 1, 0]]
+    # where in its token's patch each thing is, in patch widths from the patch's top-left corner
+    assert offsets[1, 2].tolist() == pytest.approx([0.2, 0.4])
+    assert offsets[2, 0].tolist() == pytest.approx([0.2, 0.8])
+    assert offsets[7, 1].tolist() == pytest.approx([0.8, 0.8])
     with pytest.raises(ValueError, match="not one of the readout's names"):
         readout.targets([Question(frames[:1], "q", "a", "presence", ((("green square", 0.5, 0.5),),))], grids[:1])
     with pytest.raises(ValueError, match="the objects of each of its frames"):
         readout.targets([Question(frames, "q", "a", "order")], grids)
+
+
+def test_the_offset_loss_counts_only_the_things_shown():
+    readout = SceneReadout(8, ["red circle", "gripper"])
+    tokens = torch.randn(4, 8)
+    presence = torch.tensor([[1.0, 0.0], [0.0, 0.0], [0.0, 1.0], [0.0, 0.0]])
+    offsets = torch.rand(4, 2, 2)
+    predicted = readout.offset_head(readout.norm(tokens)).unflatten(-1, (2, 2)).detach()
+    exact = offsets.clone()
+    exact[0, 0], exact[2, 1] = predicted[0, 0], predicted[2, 1]  # right where shown, wrong everywhere else
+    _, offset_loss = readout.losses(tokens, (presence, exact))
+    assert offset_loss.item() == pytest.approx(0.0, abs=1e-10)
+    exact[2, 1] += torch.tensor([0.3, 0.4])
+    _, offset_loss = readout.losses(tokens, (presence, exact))
+    assert offset_loss.item() == pytest.approx(0.25 / 2)  # one of two shown things off by 0.5 patch widths
 
 
 def test_mixture_refuses_no_weight():

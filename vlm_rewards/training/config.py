@@ -260,6 +260,9 @@ class BackboneTraining(Settings):
     readout_weight: float = pydantic.Field(1.0, ge=0)
     """Weight of the scene readout's loss (which named things each image token's patch holds) beside the
     answers'."""
+    readout_offset_weight: float = pydantic.Field(0.0, ge=0)
+    """Weight of the scene readout's offsets (where in its token's patch each named thing is, in patch
+    widths: positions finer than a token); 0: presence only."""
     log_every: int = pydantic.Field(50, ge=1)
     """Steps between records of train_log.jsonl (loss, learning rate, seconds per step)."""
     eval_every: int = pydantic.Field(500, ge=1)

@@ -4,9 +4,10 @@ The stand-in for a pretrained Qwen-VL in a simulated world. `pretrain_backbone` 
 of the configured shape, with a tokenizer trained on the shipped corpus plus the question texts, and
 trains every weight on a stream of `Question`s: the question, then the frames, is the user turn, and the
 loss is the language model's cross-entropy on the answer and its `<|im_end|>` (the layout reward models
-use too: text before frames), plus a scene readout: a linear head on each image token predicts which
-named things the token's patch of the frame holds. A tower trained by the answers alone stays blind for
-thousands of steps; the readout gives it a direct signal from the first step. The head is not exported.
+use too: text before frames), plus a scene readout: linear heads on each image token predict which named
+things the token's patch of the frame holds and where in the patch each one is. A tower trained by the
+answers alone stays blind for thousands of steps; the readout gives it a direct signal from the first
+step. The heads are not exported.
 Batches are drawn from an RNG seeded by (seed, step), so a resumed run sees the batches an uninterrupted
 one would. The result is a checkpoint folder that loads like a hub
 model: `load_backbone(folder)`, `from_pretrained(folder)`, or `model.backbone` of `vlmr train-rm`.
@@ -45,34 +46,52 @@ RESUME_MAY_CHANGE = ("eval_every", "save_every", "log_every", "keep_checkpoints"
 
 
 class SceneReadout(torch.nn.Module):
-    """Which named things each image token's patch of the frame holds: a linear head on the normalised
-    tokens of the vision merger, with a binary cross-entropy per name (summed over names, averaged over
-    tokens). A thing belongs to the token whose patch holds its centre."""
+    """What each image token of the vision merger holds, read by linear heads on its normalised features:
+    which named things its patch of the frame holds (a binary cross-entropy per name, summed over names,
+    averaged over tokens; a thing belongs to the token whose patch holds its centre), and where in the patch
+    each of them is (its offset from the patch's corner in patch widths, squared error summed over x and y,
+    averaged over the things shown). Presence alone makes the tokens cell indicators; the offsets make them
+    carry positions finer than a token, which progress along a path needs."""
 
     def __init__(self, hidden_size: int, names: Sequence[str]):
         super().__init__()
         self.index = {name: i for i, name in enumerate(names)}
         self.norm = torch.nn.LayerNorm(hidden_size, elementwise_affine=False)
         self.head = torch.nn.Linear(hidden_size, len(names))
+        self.offset_head = torch.nn.Linear(hidden_size, 2 * len(names))
 
-    def targets(self, questions: Sequence[Question], image_grid_thw: torch.Tensor) -> torch.Tensor:
-        """(tokens, names) multi-hot targets of every image token of `questions`, in the order they are fed."""
+    def targets(self, questions: Sequence[Question], image_grid_thw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Targets of every image token of `questions`, in the order they are fed: (tokens, names) multi-hot
+        presence, and (tokens, names, 2) offsets in the patch (meaningful where present)."""
         frames = [objects for question in questions for objects in question.objects]
         if len(frames) != len(image_grid_thw):
             raise ValueError("every question needs the objects of each of its frames for the scene readout")
-        blocks = []
+        presence, offsets = [], []
         for objects, (_, height, width) in zip(frames, (image_grid_thw // MERGE_SIZE).tolist()):
-            block = torch.zeros(height, width, len(self.index))
+            shown = torch.zeros(height, width, len(self.index))
+            offset = torch.zeros(height, width, len(self.index), 2)
             for name, x, y in objects:
                 if name not in self.index:
                     raise ValueError(f"object {name!r} is not one of the readout's names {list(self.index)}")
-                block[min(int(y * height), height - 1), min(int(x * width), width - 1), self.index[name]] = 1
-            blocks.append(block.flatten(0, 1))
-        return torch.cat(blocks)
+                row, column = min(int(y * height), height - 1), min(int(x * width), width - 1)
+                shown[row, column, self.index[name]] = 1
+                offset[row, column, self.index[name]] = torch.tensor([x * width - column, y * height - row])
+            presence.append(shown.flatten(0, 1))
+            offsets.append(offset.flatten(0, 1))
+        return torch.cat(presence), torch.cat(offsets)
 
-    def loss(self, image_tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        logits = self.head(self.norm(image_tokens))
-        return torch.nn.functional.binary_cross_entropy_with_logits(logits, targets, reduction="none").sum(-1).mean()
+    def losses(
+        self, image_tokens: torch.Tensor, targets: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(presence loss, offset loss) of the tokens against `targets`."""
+        presence, offsets = targets
+        features = self.norm(image_tokens)
+        logits = self.head(features)
+        presence_loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, presence, reduction="none")
+        predicted = self.offset_head(features).unflatten(-1, (len(self.index), 2))
+        squared = (predicted - offsets).square().sum(-1)
+        offset_loss = (squared * presence).sum() / presence.sum().clamp(min=1)
+        return presence_loss.sum(-1).mean(), offset_loss
 
 
 class QuestionBatches:
@@ -152,8 +171,11 @@ def pretrain_backbone(
         inputs, labels = batches(questions)
         image_tokens.clear()
         answer_loss = model(**inputs, labels=labels).loss
-        readout_loss = readout.loss(image_tokens[0], readout.targets(questions, inputs["image_grid_thw"]))
-        (answer_loss + config.readout_weight * readout_loss).backward()
+        readout_loss, offset_loss = readout.losses(
+            image_tokens[0], readout.targets(questions, inputs["image_grid_thw"])
+        )
+        loss = answer_loss + config.readout_weight * readout_loss + config.readout_offset_weight * offset_loss
+        loss.backward()
         torch.nn.utils.clip_grad_norm_(parameters, config.optim.grad_clip)
         optimizer.step()
         scheduler.step()
@@ -161,7 +183,12 @@ def pretrain_backbone(
         if step % config.log_every == 0:
             seconds = (time.perf_counter() - started) / config.log_every
             started = time.perf_counter()
-            record = {"loss": answer_loss.item(), "readout_loss": readout_loss.item(), "lr": scheduler.get_last_lr()[0]}
+            record = {
+                "loss": answer_loss.item(),
+                "readout_loss": readout_loss.item(),
+                "offset_loss": offset_loss.item(),
+                "lr": scheduler.get_last_lr()[0],
+            }
             _append(log_path, {"step": step, **record, "seconds": seconds})
         if step % config.eval_every == 0 or step == config.optim.steps:
             metrics = evaluate(model, batches, eval_questions, config.optim.batch_size)

@@ -50,8 +50,8 @@ class SceneReadout(torch.nn.Module):
     which named things its patch of the frame holds (a binary cross-entropy per name, summed over names,
     averaged over tokens; a thing belongs to the token whose patch holds its centre), and where in the patch
     each of them is (its offset from the patch's corner in patch widths, squared error summed over x and y,
-    averaged over the things shown). Presence alone makes the tokens cell indicators; the offsets make them
-    carry positions finer than a token, which progress along a path needs."""
+    averaged over the things shown). Presence alone leaves positions finer than a token to chance; the offsets
+    train them (`vlm_rewards.robotics.position_probe` measures how well the tokens hold them)."""
 
     def __init__(self, hidden_size: int, names: Sequence[str]):
         super().__init__()

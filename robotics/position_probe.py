@@ -38,13 +38,13 @@ def probe_r2(
     present."""
     fit_inputs = np.hstack([features, np.ones((len(features), 1))])
     test_inputs = np.hstack([test_features, np.ones((len(test_features), 1))])
+    penalty = RIDGE * np.diag([1.0] * features.shape[1] + [0.0])  # the bias is not penalised
     scores = {}
     for column, name in enumerate(names):
         shown, test_shown = presence[:, column] > 0, test_presence[:, column] > 0
         if shown.sum() < MIN_SHOWN or test_shown.sum() < MIN_SHOWN:
             continue
         inputs = fit_inputs[shown]
-        penalty = RIDGE * np.diag([1.0] * features.shape[1] + [0.0])  # the bias is not penalised
         weights = np.linalg.solve(inputs.T @ inputs + penalty, inputs.T @ offsets[shown, column])
         truth = test_offsets[test_shown, column]
         error = np.square(test_inputs[test_shown] @ weights - truth).sum()
@@ -62,20 +62,17 @@ def image_tokens(
     from vlm_rewards.models.backbones import load_backbone
     from vlm_rewards.training.pretrain import QuestionBatches, SceneReadout
 
-    model, processor = load_backbone(backbone, with_lm_head=True, dtype=torch.float32)
+    model, processor = load_backbone(backbone, dtype=torch.float32)
     model.eval()
-    captured: list[torch.Tensor] = []
-    model.model.visual.register_forward_hook(lambda module, args, output: captured.append(output.pooler_output))
     batches = QuestionBatches(processor)
     readout = SceneReadout(model.config.text_config.hidden_size, names)
     features, presence, offsets = [], [], []
     for begin in range(0, len(questions), batch_size):
         chunk = questions[begin : begin + batch_size]
         inputs, _ = batches(chunk)
-        captured.clear()
-        model(**inputs)
+        tokens = model.visual(inputs["pixel_values"], grid_thw=inputs["image_grid_thw"]).pooler_output
         shown, offset = readout.targets(chunk, inputs["image_grid_thw"])
-        features.append(torch.nn.functional.layer_norm(captured[0], captured[0].shape[-1:]))
+        features.append(readout.norm(tokens))
         presence.append(shown)
         offsets.append(offset)
     return tuple(torch.cat(part).numpy() for part in (features, presence, offsets))

@@ -281,6 +281,19 @@ def test_the_result_configs_follow_the_protocol(name):
     assert len(config.test_seeds) >= 5 and 1 <= len(config.tuning_seeds) <= 2 and config.tuning.candidates
 
 
+def test_the_carry_feasibility_run_is_the_protocol_recipe_on_fewer_seeds():
+    from vlm_rewards.config import changed_settings, load_job_config
+
+    feasibility, protocol = (
+        load_job_config(PipelineConfig, f"configs/experiments/robotics/{name}.yaml").model_dump(mode="json")
+        for name in ("carry_feasibility", "carry")
+    )
+    seeds_and_tuning = ("output_dir", "tuning", "tuning_seeds", "test_seeds", "rl.eval.video")
+    assert changed_settings(feasibility, protocol, seeds_and_tuning) == []
+    assert feasibility["test_seeds"] == [0, 1] and not feasibility["tuning"]["candidates"]
+    assert set(feasibility["test_seeds"]) < set(protocol["test_seeds"])
+
+
 def test_a_report_on_few_test_seeds_says_what_they_can_show():
     from vlm_rewards.robotics.report import FULL_TEST_SEEDS, _budget_note
 

@@ -292,6 +292,8 @@ def test_the_carry_feasibility_run_is_the_protocol_recipe_on_fewer_seeds():
     assert changed_settings(feasibility, protocol, seeds_and_tuning) == []
     assert feasibility["test_seeds"] == [0, 1] and not feasibility["tuning"]["candidates"]
     assert set(feasibility["test_seeds"]) < set(protocol["test_seeds"])
+    header = Path("configs/experiments/robotics/carry_feasibility.yaml").read_text().split("\n", 1)[0]
+    assert "FEASIBILITY" in header  # labelled as such where the command is read
 
 
 def test_a_report_on_few_test_seeds_says_what_they_can_show():

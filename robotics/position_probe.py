@@ -1,7 +1,7 @@
 """Does a backbone's vision tower know where things are, finer than one image token? A linear probe.
 
 Reach frames go through the backbone's vision tower; for every named thing a frame shows, the merged image
-token whose patch holds it is taken (layer-normed, as the scene readout reads it), and a least-squares
+token whose patch holds it is taken (layer-normed, as the scene readout reads it), and a ridge-regularised
 linear map from those tokens to the thing's offset within the patch (x and y, in patch widths) is fitted
 on one set of rendered episodes and scored on another. R² near 1: a reward model fine-tuned on the
 backbone can read sub-token positions from its image tokens; near 0: the tokens are cell indicators.
@@ -55,15 +55,12 @@ def probe_r2(
 
 @torch.no_grad()
 def image_tokens(
-    backbone: Path, questions: list, names: Sequence[str], batch_size: int = 16
+    model, processor, questions: list, names: Sequence[str], batch_size: int = 16
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The layer-normed merged image tokens of the questions' frames, with the scene readout's targets
     (columns: `names`)."""
-    from vlm_rewards.models.backbones import load_backbone
     from vlm_rewards.training.pretrain import QuestionBatches, SceneReadout
 
-    model, processor = load_backbone(backbone, dtype=torch.float32)
-    model.eval()
     batches = QuestionBatches(processor)
     readout = SceneReadout(model.config.text_config.hidden_size, names)
     features, presence, offsets = [], [], []
@@ -76,10 +73,6 @@ def image_tokens(
         presence.append(shown)
         offsets.append(offset)
     return tuple(torch.cat(part).numpy() for part in (features, presence, offsets))
-
-
-def _names(questions: list) -> list[str]:
-    return sorted({name for question in questions for objects in question.objects for name, _, _ in objects})
 
 
 app = typer.Typer(add_completion=False)
@@ -95,6 +88,8 @@ def main(
     seed: Annotated[int, typer.Option(help="First reset seed of the fit set; test: +10,000.")] = 60_000,
 ) -> None:  # fmt: skip
     """Fit and score the probe for each backbone on the same frames."""
+    from vlm_rewards.models.backbones import load_backbone
+
     source = ReachSource()
     pools = [
         build_reach_pool(source.env, episodes, source.num_frames, source.steps_per_frame, start, None)
@@ -102,10 +97,14 @@ def main(
     ]
     rng = np.random.default_rng(seed)
     fit_questions, test_questions = ([ReachQuestions(pool).presence(rng) for _ in range(frames)] for pool in pools)
-    names = _names(fit_questions + test_questions)
+    names = ReachQuestions(pools[0]).object_names
     results = {}
     for backbone in backbones:
-        fitted, tested = (image_tokens(backbone, questions, names) for questions in (fit_questions, test_questions))
+        model, processor = load_backbone(backbone, dtype=torch.float32)
+        model.eval()
+        fitted, tested = (
+            image_tokens(model, processor, questions, names) for questions in (fit_questions, test_questions)
+        )
         results[str(backbone)] = probe_r2(*fitted, *tested, names)
         typer.echo(f"{backbone}: " + ", ".join(f"{name} {r2:.2f}" for name, r2 in results[str(backbone)].items()))
     write_json(output / "position_probe.json", results)

@@ -17,7 +17,8 @@ Progress labels (`progress_label`):
   (`vlm_rewards.data.labels.stage_budget_progress`).
 
 Every frame also gets the env's `stage` (stages completed) and `is_success` as the episode's per-frame
-`stage` and `frame_success` labels, for the success and stage heads of a progress RM.
+`stage` and `frame_success` labels, for the success and stage heads of a progress RM, and, where the env
+reports it (Reach), the named goal's offset from the effector as `goal_offset`, for the goal-offset head.
 """
 
 from __future__ import annotations
@@ -208,6 +209,9 @@ def to_record(rollout: Rollout, episode_id: int, config: CollectConfig, stage_bu
         reference=rollout.reference,
         stage=np.array([info.get("stage", -1) for info in rollout.infos])[keep],  # -1: an env without stages
         frame_success=np.array([bool(info["is_success"]) for info in rollout.infos])[keep],
+        goal_offset=np.array([info["goal_offset"] for info in rollout.infos])[keep]
+        if "goal_offset" in rollout.infos[0]
+        else None,
     )
 
 
@@ -221,6 +225,9 @@ def relabelled_records(rollout: Rollout, first_id: int, config: CollectConfig) -
     instruction = rollout.infos[0]["instruction"]
     keep = _strided(len(rollout.infos), config.frame_stride)
     progress = np.array([info["target_progress"] for info in rollout.infos], dtype=np.float32)
+    offsets = (
+        np.array([info["target_offsets"] for info in rollout.infos]) if "target_offsets" in rollout.infos[0] else None
+    )
     frames = np.stack(rollout.frames[config.env.camera])[keep]
     views = {name: np.stack(f)[keep] for name, f in rollout.frames.items() if name != config.env.camera}
     records = []
@@ -238,6 +245,7 @@ def relabelled_records(rollout: Rollout, first_id: int, config: CollectConfig) -
                 views=views,
                 reference=None,
                 frame_success=progress[keep, index] >= 1.0,  # the target's stages are unknown
+                goal_offset=None if offsets is None else offsets[keep, index],
             )
         )
     return records

@@ -377,14 +377,22 @@ def _default_collect() -> CollectConfig:
 
 def _default_progress_rm() -> TrainRMConfig:
     # fine-tuned from the shipped backbone on (frame 0, frame t) clips: the clips the frame-by-frame reward scores;
-    # the bins head (progress as a distribution, read as its mean) was chosen over regression on the tuning set
+    # the bins head (progress as a distribution, read as its mean) was chosen over regression on the tuning set, and
+    # the goal-offset head (Reach's simulation state as an auxiliary target, weight 0.3) over none
     return TrainRMConfig(
-        model={"backbone": "simworld", "reward": {"head": "bins", "max_frames": 128}},
+        model={"backbone": "simworld", "reward": {"head": "bins", "max_frames": 128, "goal_offset_head": True}},
         data={
             "clip_frames": 2,
             "augment": {"mismatch": 0.0, "reverse": 0.0, "rewind": 0.0, "stall": 0.0, "subsample": 0.0},
         },
-        optim={"steps": 400, "batch_size": 32, "lr": 2e-4, "warmup_steps": 50, "step_loss_weight": 1.0},
+        optim={
+            "steps": 400,
+            "batch_size": 32,
+            "lr": 2e-4,
+            "warmup_steps": 50,
+            "step_loss_weight": 1.0,
+            "goal_offset_loss_weight": 0.3,
+        },
         eval_every=400,
         save_every=200,
     )

@@ -433,13 +433,17 @@ class ReachEnv(TabletopEnv):
         return reach_instruction(self.layout.colours[self.layout.target])
 
     def _info(self) -> dict:
-        """Adds, for relabelling (`vlmr collect` with relabel_targets), every target's instruction and
-        geometric progress toward it: `target_instructions` ("|"-joined) and `target_progress`."""
+        """Adds, for relabelling (`vlmr collect` with relabel_targets), every target's instruction, geometric
+        progress toward it and offset from the effector in workspace units: `target_instructions`
+        ("|"-joined), `target_progress` and `target_offsets`; `goal_offset` is the named target's offset."""
         info = super()._info()
         if hasattr(self, "layout"):
-            distances = np.linalg.norm(self.layout.positions - self.ee_position, axis=1)
+            offsets = self.layout.positions - self.ee_position
+            distances = np.linalg.norm(offsets, axis=1)
             progress = np.clip(1.0 - distances / np.maximum(self._target_start, 1e-6), 0.0, 1.0)
             info["target_progress"] = np.where(distances < self.success_distance, 1.0, progress)
+            info["target_offsets"] = offsets / WORKSPACE
+            info["goal_offset"] = info["target_offsets"][self.layout.target]
             info["target_instructions"] = "|".join(reach_instruction(colour) for colour in self.layout.colours)
         return info
 

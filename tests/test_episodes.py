@@ -80,6 +80,8 @@ def test_episode_table_columns_and_dtypes(tmp_path):
         "policy": "string",
         "stage": "int32",
         "frame_success": "bool",
+        "goal_offset_x": "float",
+        "goal_offset_y": "float",
     }
     assert sorted(path.name for path in (tmp_path / "frames").iterdir()) == [
         "episode_000010.npz",

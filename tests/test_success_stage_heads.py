@@ -64,7 +64,7 @@ def save_model(backbone_dir, path, **config) -> RewardNetwork:
 
 def test_per_frame_labels_round_trip_and_older_datasets_still_read(tmp_path):
     dataset = write_episodes(tmp_path / "new", [episode(0), episode(1, labels=False)])
-    assert dataset.meta["format_version"] == 2
+    assert dataset.meta["format_version"] == 3
     np.testing.assert_array_equal(dataset[0].stage, [0, 0, 0, 1, 1, 1, 2, 2])
     np.testing.assert_array_equal(dataset[0].frame_success, np.arange(NUM_FRAMES) >= 5)
     assert dataset[1].stage is None and dataset[1].frame_success is None

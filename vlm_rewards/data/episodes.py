@@ -26,9 +26,9 @@ from vlm_rewards.interface import RewardRequest, SampleKey, validate_clip
 from vlm_rewards.io import atomic_folder, atomic_path, write_json
 from vlm_rewards.media import read_clip, write_video
 
-FORMAT_VERSION = 2  # 2: episodes.parquet has the per-frame `stage` and `frame_success` columns
+FORMAT_VERSION = 3  # 2: the per-frame `stage` and `frame_success` columns; 3: `goal_offset_x`, `goal_offset_y`
 PAIR_FORMAT_VERSION = 1
-READABLE_VERSIONS = {"vlm-rewards/episodes": (1, 2), "vlm-rewards/pairs": (1,)}
+READABLE_VERSIONS = {"vlm-rewards/episodes": (1, 2, 3), "vlm-rewards/pairs": (1,)}
 FrameFormat = Literal["npz", "mp4"]
 FRAME_FORMATS = ("npz", "mp4")
 VIEW_NAME = re.compile(r"^[A-Za-z0-9_-]+$")  # view names end up in npz keys and file names
@@ -43,10 +43,14 @@ EPISODE_SCHEMA = pa.schema(
         ("policy", pa.string()),
         ("stage", pa.int32()),
         ("frame_success", pa.bool_()),
+        ("goal_offset_x", pa.float32()),
+        ("goal_offset_y", pa.float32()),
     ]
 )
-OPTIONAL_EPISODE_COLUMNS = ("policy", "stage", "frame_success")  # format version 1 has neither stage column
-NULLABLE_EPISODE_COLUMNS = ("policy", "frame_success")
+GOAL_OFFSET_COLUMNS = ("goal_offset_x", "goal_offset_y")
+# format version 1 has neither stage column, version 2 no goal offset
+OPTIONAL_EPISODE_COLUMNS = ("policy", "stage", "frame_success", *GOAL_OFFSET_COLUMNS)
+NULLABLE_EPISODE_COLUMNS = ("policy", "frame_success", *GOAL_OFFSET_COLUMNS)
 PAIR_SCHEMA = pa.schema(
     [
         ("pair_id", pa.int64()),
@@ -68,6 +72,8 @@ class EpisodeRecord:
     reference: optional (R, H', W', 3) uint8 goal or reference images.
     stage: optional (T,) int, the task stage at each frame (e.g. stages completed), −1 where unknown.
     frame_success: optional (T,) bool, whether the task is done at each frame; None: unknown.
+    goal_offset: optional (T, 2) float, where the named goal is from the effector at each frame (simulation
+    state, in the task's workspace units): the target of an auxiliary head; None: unknown.
     """
 
     episode_id: int
@@ -80,6 +86,7 @@ class EpisodeRecord:
     reference: np.ndarray | None = None
     stage: np.ndarray | None = None
     frame_success: np.ndarray | None = None
+    goal_offset: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         where = f"episode {self.episode_id}"
@@ -96,6 +103,12 @@ class EpisodeRecord:
             if self.frame_success.shape != (self.num_frames,) or self.frame_success.dtype != bool:
                 raise ValueError(
                     f"{where}: frame_success must be ({self.num_frames},) bool, got {self.frame_success!r}"
+                )
+        if self.goal_offset is not None:
+            self.goal_offset = np.asarray(self.goal_offset, dtype=np.float32)
+            if self.goal_offset.shape != (self.num_frames, 2) or not np.isfinite(self.goal_offset).all():
+                raise ValueError(
+                    f"{where}: goal_offset must be ({self.num_frames}, 2) finite floats, got {self.goal_offset!r}"
                 )
         self.progress = np.asarray(self.progress, dtype=np.float32)
         if self.progress.shape != (self.num_frames,):
@@ -229,6 +242,8 @@ def _write_episode_files(
         columns["stage"].append(np.full(record.num_frames, -1) if record.stage is None else record.stage)
         unknown = np.full(record.num_frames, None, dtype=object)
         columns["frame_success"].append(unknown if record.frame_success is None else record.frame_success)
+        for axis, column in enumerate(GOAL_OFFSET_COLUMNS):
+            columns[column].append(unknown if record.goal_offset is None else record.goal_offset[:, axis])
     if not seen_ids:
         raise ValueError("no episodes to write")
 
@@ -329,6 +344,7 @@ class EpisodeDataset:
             reference=clips.get("reference"),
             stage=labels.stage,
             frame_success=labels.frame_success,
+            goal_offset=labels.goal_offset,
         )
 
     def to_request(self, record: EpisodeRecord, frame_indices: Iterable[int] | None = None) -> RewardRequest:
@@ -410,6 +426,7 @@ class _EpisodeLabels:
     policy: str | None
     stage: np.ndarray | None = None
     frame_success: np.ndarray | None = None
+    goal_offset: np.ndarray | None = None
 
 
 def _read_episode_labels(path: Path) -> dict[int, _EpisodeLabels]:
@@ -423,6 +440,9 @@ def _read_episode_labels(path: Path) -> dict[int, _EpisodeLabels]:
     policies = table["policy"].to_pylist() if "policy" in table.column_names else [None] * table.num_rows
     stages = table["stage"].to_numpy() if "stage" in table.column_names else None
     frame_successes = table["frame_success"].to_pylist() if "frame_success" in table.column_names else None
+    has_offsets = all(column in table.column_names for column in GOAL_OFFSET_COLUMNS)
+    columns = [table[column].to_numpy(zero_copy_only=False) for column in GOAL_OFFSET_COLUMNS] if has_offsets else []
+    offsets = np.stack(columns, axis=1) if has_offsets else None  # nulls read as NaN
     if not np.all((progress >= 0) & (progress <= 1)):
         raise ValueError(f"{path}: progress labels outside [0, 1]")
 
@@ -443,6 +463,7 @@ def _read_episode_labels(path: Path) -> dict[int, _EpisodeLabels]:
             policy=policies[start],
             stage=_known_stages(stages, start, end),
             frame_success=_known_successes(frame_successes, start, end, f"{path}: episode {episode_id}"),
+            goal_offset=_known_offsets(offsets, start, end, f"{path}: episode {episode_id}"),
         )
     return labels
 
@@ -465,6 +486,21 @@ def _known_successes(values: list | None, start: int, end: int, where: str) -> n
     if nulls:
         raise ValueError(f"{where}: frame_success is null on {nulls} of {len(episode)} frames; expected all or none")
     return np.array(episode, dtype=bool)
+
+
+def _known_offsets(offsets: np.ndarray | None, start: int, end: int, where: str) -> np.ndarray | None:
+    """An episode's goal offsets; None when the columns are absent or null on every frame."""
+    if offsets is None:
+        return None
+    episode = offsets[start:end]
+    unknown = np.isnan(episode).any(axis=1)
+    if unknown.all():
+        return None
+    if unknown.any():
+        raise ValueError(
+            f"{where}: goal_offset is null on {unknown.sum()} of {len(episode)} frames; expected all or none"
+        )
+    return episode
 
 
 # ----------------------------------------------------------------------------- preference pairs

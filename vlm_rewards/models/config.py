@@ -37,12 +37,16 @@ class RewardNetworkConfig(Settings):
     """Progress RM: also a stage head over this many stages (labels 0 … num_stages − 1, e.g. the env's
     stages completed: Reach 2, Push and Carry 3), trained with cross-entropy on the per-frame `stage`
     labels; results carry the most likely stage as the `stage` component. None: no stage head."""
+    goal_offset_head: bool = False
+    """Progress RM: also a linear head for where the named goal is from the effector (2 numbers per frame),
+    trained with squared error on the episodes' `goal_offset` labels, which only a simulator gives (Reach's
+    collection writes them). An auxiliary target: rewards do not report it."""
 
     @pydantic.model_validator(mode="after")
     def _head_fits_task(self) -> RewardNetworkConfig:
         allowed = {"progress": ("regression", "bins"), "preference": ("scalar",)}[self.task]
         if self.head not in allowed:
             raise ValueError(f"a {self.task} model needs a head in {allowed}, got {self.head!r}")
-        if self.task != "progress" and (self.success_head or self.num_stages):
-            raise ValueError("success_head and num_stages need a progress model (task: progress)")
+        if self.task != "progress" and (self.success_head or self.num_stages or self.goal_offset_head):
+            raise ValueError("success_head, num_stages and goal_offset_head need a progress model (task: progress)")
         return self

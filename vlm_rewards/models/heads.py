@@ -6,8 +6,10 @@ A head maps backbone hidden states (read at each frame's position) to a value:
   two-hot target (the label split between its two nearest centres), progress = the expectation.
 - `scalar`: one unbounded value, the preference reward, trained Bradley–Terry.
 A progress head may also carry a success head (one logit per frame, P(the task is done) = sigmoid,
-trained with BCE) and a stage head (S logits per frame, softmax over the task's stages, trained with
-cross-entropy), read from the same hidden states: one backbone forward gives every output.
+trained with BCE), a stage head (S logits per frame, softmax over the task's stages, trained with
+cross-entropy) and a goal-offset head (a linear map to where the named goal is from the effector, trained
+with squared error on simulation state), read from the same hidden states: one backbone forward gives every
+output.
 Losses run in fp32 whatever the backbone's dtype.
 """
 
@@ -24,12 +26,13 @@ from vlm_rewards.models.config import HeadKind
 
 @dataclass
 class FrameLogits:
-    """Every head's logits at each frame: progress (B, T[, K]); success (B, T) and stage (B, T, S) when the
-    model has those heads, else None."""
+    """Every head's logits at each frame: progress (B, T[, K]); success (B, T), stage (B, T, S) and goal
+    offset (B, T, 2) when the model has those heads, else None."""
 
     progress: torch.Tensor
     success: torch.Tensor | None = None
     stage: torch.Tensor | None = None
+    goal_offset: torch.Tensor | None = None
 
 
 class RewardHead(nn.Module):
@@ -41,6 +44,7 @@ class RewardHead(nn.Module):
         mlp_size: int = 256,
         success: bool = False,
         num_stages: int | None = None,
+        goal_offset: bool = False,
     ):
         super().__init__()
         self.kind = kind
@@ -48,6 +52,8 @@ class RewardHead(nn.Module):
         self.mlp = _mlp(hidden_size, mlp_size, num_bins if kind == "bins" else 1)
         self.success = _mlp(hidden_size, mlp_size, 1) if success else None
         self.stage = _mlp(hidden_size, mlp_size, num_stages) if num_stages else None
+        # linear on purpose: the hidden state itself must hold the offset, where the progress MLP can read it
+        self.goal_offset = nn.Linear(hidden_size, 2) if goal_offset else None
         self.register_buffer("bin_centers", torch.linspace(0, 1, num_bins), persistent=False)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -62,6 +68,7 @@ class RewardHead(nn.Module):
             progress=self(hidden),
             success=self.success(hidden).squeeze(-1) if self.success is not None else None,
             stage=self.stage(hidden) if self.stage is not None else None,
+            goal_offset=self.goal_offset(hidden) if self.goal_offset is not None else None,
         )
 
     def predict(self, logits: torch.Tensor) -> torch.Tensor:
@@ -99,6 +106,14 @@ def stage_loss(logits: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -
     """Mean cross-entropy over frames where `mask` is true and the stage is known (labels 0..S−1; −1 unknown)."""
     known = mask & (labels >= 0)
     per_frame = F.cross_entropy(logits.transpose(1, -1), labels.long().clamp(min=0), reduction="none")
+    return _masked_mean(per_frame, known)
+
+
+def goal_offset_loss(predicted: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean squared error (summed over the two axes) over frames where `mask` is true and the offset is known
+    (labels (B, T, 2), NaN unknown)."""
+    known = mask & torch.isfinite(labels).all(-1)
+    per_frame = (predicted - labels.nan_to_num()).square().sum(-1)
     return _masked_mean(per_frame, known)
 
 

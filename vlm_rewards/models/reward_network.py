@@ -44,7 +44,13 @@ class RewardNetwork(nn.Module):
         self.config = config
         hidden_size = backbone.config.get_text_config().hidden_size
         self.head = RewardHead(
-            hidden_size, config.head, config.num_bins, config.head_mlp_size, config.success_head, config.num_stages
+            hidden_size,
+            config.head,
+            config.num_bins,
+            config.head_mlp_size,
+            config.success_head,
+            config.num_stages,
+            config.goal_offset_head,
         )
         self.builder = ClipInputBuilder(
             processor, min_pixels=config.min_pixels, max_pixels=config.max_pixels, max_frames=config.max_frames

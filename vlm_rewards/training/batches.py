@@ -28,6 +28,7 @@ class ProgressBatch:
     labels: torch.Tensor  # (B, T_max) progress labels, 0 past each clip's end
     success: torch.Tensor  # (B, T_max) per-frame success labels 1., 0., or −1 unknown (and past each clip's end)
     stage: torch.Tensor  # (B, T_max) long per-frame stage labels, −1 unknown (and past each clip's end)
+    goal_offset: torch.Tensor  # (B, T_max, 2) per-frame goal offsets, NaN unknown (and past each clip's end)
 
 
 @dataclass
@@ -69,18 +70,20 @@ class ProgressBatches:
         rng = step_rng(self.seed, step, rank)
         chosen = rng.choice(self.episode_ids, size=self.batch_size)
         samples = [self._sample(int(episode_id), rng) for episode_id in chosen]
-        max_frames = max(len(labels) for _, labels, _, _ in samples)
+        max_frames = max(len(labels) for _, labels, *_ in samples)
         labels = torch.zeros(len(samples), max_frames)
         success = torch.full((len(samples), max_frames), -1.0)
         stage = torch.full((len(samples), max_frames), -1, dtype=torch.long)
-        for row, (_, sample_labels, sample_success, sample_stage) in enumerate(samples):
+        goal_offset = torch.full((len(samples), max_frames, 2), float("nan"))
+        for row, (_, sample_labels, sample_success, sample_stage, sample_offset) in enumerate(samples):
             labels[row, : len(sample_labels)] = torch.as_tensor(sample_labels)
             success[row, : len(sample_success)] = torch.as_tensor(sample_success)
             stage[row, : len(sample_stage)] = torch.as_tensor(sample_stage)
-        return ProgressBatch([sample[0] for sample in samples], labels, success, stage)
+            goal_offset[row, : len(sample_offset)] = torch.as_tensor(sample_offset)
+        return ProgressBatch([sample[0] for sample in samples], labels, success, stage, goal_offset)
 
     def _sample(self, episode_id: int, rng: np.random.Generator) -> tuple[RewardRequest, np.ndarray, ...]:
-        """(request, progress, success, stage labels) of one clip drawn from the episode."""
+        """(request, progress, success, stage, goal offset labels) of one clip drawn from the episode."""
         record = self.dataset[episode_id]
         # The label functions only index along time, so running them on frame indices gives one
         # order to apply to the main frames and every extra view alike.
@@ -91,7 +94,14 @@ class ProgressBatches:
             text = mismatched_instruction(record.instruction, self.instructions, rng)
             indices = self._cap(base, rng)
             request = replace(self.dataset.to_request(record, indices), text=text)
-            return request, np.zeros(len(indices), np.float32), np.zeros(len(indices)), np.full(len(indices), -1)
+            unknown_offset = np.full((len(indices), 2), np.nan)
+            return (
+                request,
+                np.zeros(len(indices), np.float32),
+                np.zeros(len(indices)),
+                np.full(len(indices), -1),
+                unknown_offset,
+            )
         draw -= augment.mismatch
         if draw < augment.reverse:
             indices, labels = reversed_clip(base, progress)
@@ -112,7 +122,8 @@ class ProgressBatches:
         frames = indices[keep]
         success = np.full(len(frames), -1.0) if record.frame_success is None else record.frame_success[frames] * 1.0
         stage = np.full(len(frames), -1) if record.stage is None else record.stage[frames]
-        return self.dataset.to_request(record, frames), labels[keep], success, stage
+        offset = np.full((len(frames), 2), np.nan) if record.goal_offset is None else record.goal_offset[frames]
+        return self.dataset.to_request(record, frames), labels[keep], success, stage, offset
 
     def _cap(self, positions: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """`positions` cut to `clip_frames`: the first, then a random subset of the rest, in order or

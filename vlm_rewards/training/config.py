@@ -176,6 +176,9 @@ class Optimization(OptimizerSettings):
     stage_loss_weight: float = pydantic.Field(1.0, ge=0)
     """Progress RM with `model.reward.num_stages`: adds this × the stage head's cross-entropy, over frames
     whose stage label is known (`stage` ≥ 0)."""
+    goal_offset_loss_weight: float = pydantic.Field(1.0, ge=0)
+    """Progress RM with `model.reward.goal_offset_head`: adds this × the goal-offset head's squared error, over
+    frames whose offset is known (`goal_offset`)."""
     mixed_precision: Literal["auto", "no", "bf16", "fp16"] = "auto"
     """auto: bf16 on GPUs that have it, else no mixed precision."""
 

@@ -1,8 +1,9 @@
 """`vlmr train-rm`: train a progress or preference reward model with accelerate.
 
 One loop for both tasks: batches come from a deterministic sampler, the loss is the head's per-frame
-progress loss (plus, with success and stage heads, their BCE and cross-entropy on frames whose labels are
-known, weighted by `optim.success_loss_weight` / `optim.stage_loss_weight`) or Bradley–Terry on pairs.
+progress loss (plus, with success, stage and goal-offset heads, their BCE, cross-entropy and squared error on
+frames whose labels are known, weighted by `optim.success_loss_weight` / `stage_loss_weight` /
+`goal_offset_loss_weight`) or Bradley–Terry on pairs.
 accelerate handles devices, data-parallel processes and mixed precision (bf16 on GPUs that have it);
 checkpoints hold model, optimizer, scheduler and RNG states, and a resumed run continues at the saved
 step with the same batches. Periodic evaluation
@@ -39,7 +40,13 @@ from vlm_rewards.evaluation.plots import plot_progress_curves, plot_training_cur
 from vlm_rewards.fingerprint import fingerprint
 from vlm_rewards.io import write_json
 from vlm_rewards.models.backbones import build_tiny_backbone
-from vlm_rewards.models.heads import bradley_terry_loss, stage_loss, step_correlation_loss, success_loss
+from vlm_rewards.models.heads import (
+    bradley_terry_loss,
+    goal_offset_loss,
+    stage_loss,
+    step_correlation_loss,
+    success_loss,
+)
 from vlm_rewards.models.reward_network import RewardNetwork
 from vlm_rewards.models.trained_reward import TrainedRewardModel
 from vlm_rewards.resources import SHIPPED_BACKBONE, shipped_backbone
@@ -170,6 +177,9 @@ def _loss(model: RewardNetwork, wrapped, batches, step: int, rank: int, config: 
                     f"{outputs.stage.shape[-1]} (labels 0..{outputs.stage.shape[-1] - 1}); raise num_stages"
                 )
             loss = loss + config.optim.stage_loss_weight * stage_loss(outputs.stage, stages, mask)
+        if outputs.goal_offset is not None:
+            offsets = batch.goal_offset.to(logits.device)[:, :frames]
+            loss = loss + config.optim.goal_offset_loss_weight * goal_offset_loss(outputs.goal_offset, offsets, mask)
         return loss
     inputs = model.encode(batch.chosen + batch.rejected)
     rewards = model.last_frame(model.head.predict(wrapped(inputs).progress), inputs.frame_mask)

@@ -76,6 +76,7 @@ def grounding_records(config: GroundingConfig, track: Track | None = None) -> It
                 reference=None,
                 stage=None,  # the labels are the probe's, not the task's
                 frame_success=None,
+                goal_offset=None,
             )
             episode_id += 1
 

@@ -440,9 +440,11 @@ def _read_episode_labels(path: Path) -> dict[int, _EpisodeLabels]:
     policies = table["policy"].to_pylist() if "policy" in table.column_names else [None] * table.num_rows
     stages = table["stage"].to_numpy() if "stage" in table.column_names else None
     frame_successes = table["frame_success"].to_pylist() if "frame_success" in table.column_names else None
-    has_offsets = all(column in table.column_names for column in GOAL_OFFSET_COLUMNS)
-    columns = [table[column].to_numpy(zero_copy_only=False) for column in GOAL_OFFSET_COLUMNS] if has_offsets else []
-    offsets = np.stack(columns, axis=1) if has_offsets else None  # nulls read as NaN
+    offsets = (  # (rows, 2), nulls read as NaN
+        np.stack([table[column].to_numpy(zero_copy_only=False) for column in GOAL_OFFSET_COLUMNS], axis=1)
+        if all(column in table.column_names for column in GOAL_OFFSET_COLUMNS)
+        else None
+    )
     if not np.all((progress >= 0) & (progress <= 1)):
         raise ValueError(f"{path}: progress labels outside [0, 1]")
 
@@ -480,12 +482,8 @@ def _known_successes(values: list | None, start: int, end: int, where: str) -> n
     if values is None:
         return None
     episode = values[start:end]
-    nulls = sum(value is None for value in episode)
-    if nulls == len(episode):
-        return None
-    if nulls:
-        raise ValueError(f"{where}: frame_success is null on {nulls} of {len(episode)} frames; expected all or none")
-    return np.array(episode, dtype=bool)
+    known = _known_on_all_or_none(np.array([value is None for value in episode]), "frame_success", where)
+    return np.array(episode, dtype=bool) if known else None
 
 
 def _known_offsets(offsets: np.ndarray | None, start: int, end: int, where: str) -> np.ndarray | None:
@@ -493,14 +491,14 @@ def _known_offsets(offsets: np.ndarray | None, start: int, end: int, where: str)
     if offsets is None:
         return None
     episode = offsets[start:end]
-    unknown = np.isnan(episode).any(axis=1)
-    if unknown.all():
-        return None
-    if unknown.any():
-        raise ValueError(
-            f"{where}: goal_offset is null on {unknown.sum()} of {len(episode)} frames; expected all or none"
-        )
-    return episode
+    return episode if _known_on_all_or_none(np.isnan(episode).any(axis=1), "goal_offset", where) else None
+
+
+def _known_on_all_or_none(unknown: np.ndarray, label: str, where: str) -> bool:
+    """Whether an episode's per-frame `label` is known, given which frames are null; a mix is an error."""
+    if unknown.any() and not unknown.all():
+        raise ValueError(f"{where}: {label} is null on {unknown.sum()} of {len(unknown)} frames; expected all or none")
+    return not unknown.any()
 
 
 # ----------------------------------------------------------------------------- preference pairs

@@ -18,7 +18,7 @@ Progress labels (`progress_label`):
 
 Every frame also gets the env's `stage` (stages completed) and `is_success` as the episode's per-frame
 `stage` and `frame_success` labels, for the success and stage heads of a progress RM, and, where the env
-reports it (Reach), the named goal's offset from the effector as `goal_offset`, for the goal-offset head.
+reports it (Reach, Carry), where the effector heads next as `goal_offset`, for the goal-offset head.
 """
 
 from __future__ import annotations

@@ -728,10 +728,15 @@ class CarryEnv(TabletopEnv):
         return float(self._zone_progress()[self.layout.zone]), bool(success)
 
     def _info(self) -> dict:
-        """Adds every zone's instruction and progress toward it, for relabelling (as Reach does per target)."""
+        """Adds every zone's instruction, progress toward it and offset of where the effector heads next, for
+        relabelling (as Reach does per target): `target_offsets` is the block's offset from the effector until
+        it is held, then each zone's, in workspace units; `goal_offset` is the named zone's row."""
         info = super()._info()
         if hasattr(self, "layout"):
+            heading = np.where(self.held, self.layout.zone_positions, self.block_position)  # (zones, 2)
             info["target_progress"] = self._zone_progress()
+            info["target_offsets"] = (heading - self.ee_position) / WORKSPACE
+            info["goal_offset"] = info["target_offsets"][self.layout.zone]
             info["target_instructions"] = "|".join(carry_instruction(c) for c in self.layout.zone_colours)
         return info
 

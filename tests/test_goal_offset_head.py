@@ -16,6 +16,7 @@ from vlm_rewards.models.reward_network import RewardNetwork
 from vlm_rewards.robotics.collect import Rollout, relabelled_records, to_record
 from vlm_rewards.robotics.config import CollectConfig, EnvConfig
 from vlm_rewards.robotics.envs import make_env
+from vlm_rewards.robotics.experts import make_expert
 from vlm_rewards.robotics.tasks import WORKSPACE
 from vlm_rewards.training.batches import ProgressBatches
 from vlm_rewards.training.config import Augment, TrainRMConfig
@@ -36,6 +37,22 @@ def test_reach_reports_the_named_targets_offset_as_its_observation_has_it():
     np.testing.assert_allclose(info["goal_offset"] * WORKSPACE, observation[-2:], atol=1e-6)
     target = env.unwrapped.layout.target
     np.testing.assert_array_equal(info["target_offsets"][target], info["goal_offset"])
+    env.close()
+
+
+def test_carry_points_at_the_block_until_it_is_held_then_at_each_zone():
+    env = make_env(EnvConfig(id="vlmr/Carry-v0", width=32, height=32, num_distractors=2))
+    carry, expert = env.unwrapped, make_expert(env)
+    observation, info = env.reset(seed=3)
+    block_from_effector = observation[-4:-2]
+    np.testing.assert_allclose(info["goal_offset"] * WORKSPACE, block_from_effector, atol=1e-6)
+    np.testing.assert_array_equal(info["target_offsets"], np.repeat(info["goal_offset"][None], 3, axis=0))
+    while not carry.held:
+        observation, *_, info = env.step(expert.act(observation))
+    zone_from_block = observation[-2:]  # the block rides on the effector: the zone's offset from either
+    np.testing.assert_allclose(info["goal_offset"] * WORKSPACE, zone_from_block, atol=1e-6)
+    zones_from_effector = (carry.layout.zone_positions - carry.ee_position) / WORKSPACE
+    np.testing.assert_allclose(info["target_offsets"], zones_from_effector, atol=1e-6)
     env.close()
 
 

@@ -39,8 +39,8 @@ class RewardNetworkConfig(Settings):
     labels; results carry the most likely stage as the `stage` component. None: no stage head."""
     goal_offset_head: bool = False
     """Progress RM: also a linear head for where the named goal is from the effector (2 numbers per frame),
-    trained with squared error on the episodes' `goal_offset` labels, which only a simulator gives (Reach's
-    collection writes them). An auxiliary target: rewards do not report it."""
+    trained with squared error on the episodes' `goal_offset` labels, which only a simulator gives (Reach's and
+    Carry's collections write them). An auxiliary target: rewards do not report it."""
 
     @pydantic.model_validator(mode="after")
     def _head_fits_task(self) -> RewardNetworkConfig:

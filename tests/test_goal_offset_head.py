@@ -46,7 +46,7 @@ def test_carry_points_at_the_block_until_it_is_held_then_at_each_zone():
     observation, info = env.reset(seed=3)
     block_from_effector = observation[-4:-2]
     np.testing.assert_allclose(info["goal_offset"] * WORKSPACE, block_from_effector, atol=1e-6)
-    np.testing.assert_array_equal(info["target_offsets"], np.repeat(info["goal_offset"][None], 3, axis=0))
+    np.testing.assert_array_equal(info["target_offsets"], np.repeat(info["goal_offset"][None], carry.num_zones, axis=0))
     while not carry.held:
         observation, *_, info = env.step(expert.act(observation))
     zone_from_block = observation[-2:]  # the block rides on the effector: the zone's offset from either

@@ -1,4 +1,5 @@
-"""Synthetic clips that ask a progress RM to read geometry, without a simulator (robotics results, eighth attempt).
+"""Synthetic clips that ask a progress RM to read geometry, without a simulator (robotics results, eighth attempt:
+`git show 9f5027e:docs/results/robotics.md`).
 
 64-px clips of 30 frames: a red and a blue 9-px disc stay where they are drawn, and a dark 7-px square (the
 "effector") moves on a smooth random walk. The label per frame is 1 − (square ↔ red disc) / 90 px. Each kind

@@ -14,8 +14,8 @@ recovered by resetting the env with the episode's seed (collect resets episode j
 
 Train a progress RM on each kind (2-frame shuffled clips, no augmentation; see
 configs/experiments/robotics/grounding_rm.yaml). An RM that learns `pixels` and `text` but not `presence`
-sees the colours and reads the words, but does not bind one to the other: the failure of every Reach RM
-in docs/results/robotics.md.
+sees the colours and reads the words, but does not bind one to the other: the failure of every from-scratch Reach RM
+(`git show 9f5027e:docs/results/robotics.md`, "Fourth attempt").
 """
 
 from __future__ import annotations

@@ -296,6 +296,18 @@ def test_the_carry_feasibility_run_is_the_protocol_recipe_on_fewer_seeds():
     assert "FEASIBILITY" in header  # labelled as such where the command is read
 
 
+def test_the_main_job_tuning_run_is_the_main_job_with_tuning():
+    from vlm_rewards.config import changed_settings, load_job_config
+
+    tuned = load_job_config(PipelineConfig, "configs/experiments/robotics/main_job_tuning.yaml")
+    main_job = PipelineConfig()
+    seeds_and_tuning = ("output_dir", "tuning", "tuning_seeds")
+    assert changed_settings(tuned.model_dump(mode="json"), main_job.model_dump(mode="json"), seeds_and_tuning) == []
+    assert not set(tuned.tuning_seeds) & set(main_job.test_seeds)
+    chosen = main_job.rl.reward.wrapper.terminal_potential
+    assert {"reward": {"wrapper": {"terminal_potential": chosen}}} in tuned.tuning.candidates.values()
+
+
 def test_a_report_on_few_test_seeds_says_what_they_can_show():
     from vlm_rewards.robotics.report import FULL_TEST_SEEDS, _budget_note
 

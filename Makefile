@@ -23,7 +23,9 @@ grpo-demo: setup
 
 test: setup
 	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .
 	MUJOCO_GL=egl HF_HUB_OFFLINE=1 $(PYTHON) -m pytest -n 2 -q
 
 lint: setup
 	.venv/bin/ruff check .
+	.venv/bin/ruff format --check .

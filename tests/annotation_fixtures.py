@@ -136,8 +136,12 @@ def make_lerobot_dataset(
             }
             for camera in cameras:
                 prefix = f"videos/{camera}"
-                row |= {f"{prefix}/chunk_index": 0, f"{prefix}/file_index": file_index,
-                        f"{prefix}/from_timestamp": offset, f"{prefix}/to_timestamp": offset + length / fps}
+                row |= {
+                    f"{prefix}/chunk_index": 0,
+                    f"{prefix}/file_index": file_index,
+                    f"{prefix}/from_timestamp": offset,
+                    f"{prefix}/to_timestamp": offset + length / fps,
+                }
             episode_rows.append(row)
             offset += length / fps
             index += length
@@ -172,12 +176,22 @@ def make_lerobot_dataset(
         "data_path": "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet",
         "video_path": "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4",
         "features": {
-            **{camera: {"dtype": "video", "shape": [SIZE, SIZE, 3], "names": ["height", "width", "channels"],
-                        "info": {"video.fps": fps, "video.codec": "h264"}} for camera in cameras},  # fmt: skip
+            **{
+                camera: {
+                    "dtype": "video",
+                    "shape": [SIZE, SIZE, 3],
+                    "names": ["height", "width", "channels"],
+                    "info": {"video.fps": fps, "video.codec": "h264"},
+                }
+                for camera in cameras
+            },  # fmt: skip
             "observation.state": {"dtype": "float32", "shape": [2], "names": None},
             "action": {"dtype": "float32", "shape": [2], "names": None},
             "timestamp": {"dtype": "float32", "shape": [1], "names": None},
-            "frame_index": scalar, "episode_index": scalar, "index": scalar, "task_index": scalar,
+            "frame_index": scalar,
+            "episode_index": scalar,
+            "index": scalar,
+            "task_index": scalar,
             "next.success": {"dtype": "bool", "shape": [1], "names": None},
         },  # fmt: skip
     }

@@ -144,8 +144,9 @@ def test_sampling_stride_fps_and_long_episode_subsampling(tmp_path):
     assert np.flatnonzero(frames.scored).tolist() == [*range(0, 23, 2)]
 
     budget = run_annotation(
-        config(tmp_path, source, reward="frame_budget_probe", sampling={"max_frames": 4},
-               output_dir=str(tmp_path / "b"))  # fmt: skip
+        config(
+            tmp_path, source, reward="frame_budget_probe", sampling={"max_frames": 4}, output_dir=str(tmp_path / "b")
+        )  # fmt: skip
     )
     frames = pq.read_table(budget.output_dir / "frames.parquet").to_pandas()
     assert frames.scored.sum() == 4 and frames.scored.iloc[0] and frames.scored.iloc[-1] and len(frames) == 23

@@ -87,8 +87,9 @@ def test_ray_engine_matches_local(tmp_path):
             local_config = base | {"output_dir": str(tmp_path / f"{name}_local")}
             local = run_annotation(AnnotateConfig.model_validate(local_config))
             remote = run_annotation(
-                AnnotateConfig.model_validate(base | {"output_dir": str(tmp_path / f"{name}_ray"), "engine": "ray",
-                                                      "ray": {"num_actors": 1}})  # fmt: skip
+                AnnotateConfig.model_validate(
+                    base | {"output_dir": str(tmp_path / f"{name}_ray"), "engine": "ray", "ray": {"num_actors": 1}}
+                )  # fmt: skip
             )
             assert (remote.num_annotated, remote.num_failed) == (local.num_annotated, local.num_failed)
             assert outputs(local.output_dir) == outputs(remote.output_dir), name

@@ -176,7 +176,8 @@ def test_shipped_benchmark_config_compares_the_three_arms_at_equal_images(monkey
     assert len(config.base_seeds) >= 5 and config.eval_seed not in (7, *config.arms["grpo"].seeds)
     runs = benchmark.load_runs(config)
     assert {run.name: benchmark.sampled_images(run.config) for run in runs} == dict.fromkeys(
-        [run.name for run in runs], 10 * 5 * 48  # 10 epochs of 5 groups of 48 images: 2,400 a run, as the docs say
+        [run.name for run in runs],
+        10 * 5 * 48,  # 10 epochs of 5 groups of 48 images: 2,400 a run, as the docs say
     )
     assert {type(run.config).__name__ for run in runs} == {"GRPOConfig", "NFTConfig", "RWRConfig"}
     assert runs[-1].config.output_dir == Path("runs/six_pairs/rwr_seed2") and runs[-1].config.resume

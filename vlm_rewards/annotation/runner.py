@@ -123,8 +123,10 @@ def _annotate(
     config: AnnotateConfig, reward: RewardModel, pool: DecodePool | None, track: Track | None
 ) -> AnnotationSummary:
     check_reward_for_annotation(reward.spec)
-    if config.source.kind == "lerobot" and not reward.spec.dense and (
-        config.lerobot.write_copy or config.lerobot.progress_table
+    if (
+        config.source.kind == "lerobot"
+        and not reward.spec.dense
+        and (config.lerobot.write_copy or config.lerobot.progress_table)
     ):
         raise ValueError(
             f"reward {reward.spec.name!r} is not dense (no per-frame progress); LeRobot outputs need one value "
@@ -150,9 +152,7 @@ def _annotate(
 
     manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "fingerprint": fp, "parts": parts,
                 "source_path": str(Path(config.source.path).resolve())}  # fmt: skip
-    merged = finalize(
-        store, refs, manifest, reward.spec.components, lambda p, s: episode_flags(p, s, config.report)
-    )
+    merged = finalize(store, refs, manifest, reward.spec.components, lambda p, s: episode_flags(p, s, config.report))
     if config.source.kind == "lerobot":
         _write_lerobot_outputs(config, merged)
     report = None

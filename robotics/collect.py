@@ -166,10 +166,17 @@ def _base_policy(policy: str) -> str:
     return "expert" if policy == "noisy" else policy
 
 
-def progress_labels(rollout: Rollout, kind: str, stage_budgets: tuple[float, ...], camera: str) -> np.ndarray:
+def progress_labels(
+    rollout: Rollout, kind: str, stage_budgets: tuple[float, ...], camera: str, distance_scale: float
+) -> np.ndarray:
     geometric = np.array([info["progress"] for info in rollout.infos], dtype=np.float32)
     if kind == "geometric":
         return geometric
+    if kind == "distance":
+        if "goal_offset" not in rollout.infos[0]:
+            raise ValueError("collect: progress_label=distance needs an env that reports goal_offset (Reach, Carry)")
+        offsets = np.array([info["goal_offset"] for info in rollout.infos])
+        return distance_progress(offsets, np.array([info["is_success"] for info in rollout.infos]), distance_scale)
     num_frames = len(geometric)
     successes = np.flatnonzero([info["is_success"] for info in rollout.infos])
     if len(successes) == 0:
@@ -193,9 +200,17 @@ def progress_labels(rollout: Rollout, kind: str, stage_budgets: tuple[float, ...
     return labels
 
 
+def distance_progress(offsets: np.ndarray, reached: np.ndarray, scale: float) -> np.ndarray:
+    """1 − |offset| / scale, clipped to [0, 1], and 1 where the goal is reached: a function of the frame alone.
+    Geometric progress divides by the episode's start distance instead, so one state has as many labels as
+    there are starts, and an RM reading the state fits their mean."""
+    progress = np.clip(1.0 - np.linalg.norm(offsets, axis=-1) / scale, 0.0, 1.0)
+    return np.where(reached, 1.0, progress).astype(np.float32)
+
+
 def to_record(rollout: Rollout, episode_id: int, config: CollectConfig, stage_budgets) -> EpisodeRecord:
     camera = config.env.camera
-    progress = progress_labels(rollout, config.progress_label, stage_budgets, camera)
+    progress = progress_labels(rollout, config.progress_label, stage_budgets, camera, config.distance_scale)
     keep = _strided(len(progress), config.frame_stride)
     views = {name: np.stack(frames)[keep] for name, frames in rollout.frames.items() if name != camera}
     return EpisodeRecord(
@@ -228,6 +243,8 @@ def relabelled_records(rollout: Rollout, first_id: int, config: CollectConfig) -
     offsets = (
         np.array([info["target_offsets"] for info in rollout.infos]) if "target_offsets" in rollout.infos[0] else None
     )
+    if config.progress_label == "distance":
+        progress = distance_progress(offsets, progress >= 1.0, config.distance_scale)
     frames = np.stack(rollout.frames[config.env.camera])[keep]
     views = {name: np.stack(f)[keep] for name, f in rollout.frames.items() if name != config.env.camera}
     records = []
@@ -256,7 +273,7 @@ def to_lerobot(rollout: Rollout, config: CollectConfig, stage_budgets) -> LeRobo
     brought (`next.reward`, `next.done`, `next.success`); the observation after the last step is not a row.
     Every step is kept (frame_stride is for the episode format); the progress labels go to sarm_progress.parquet."""
     steps = len(rollout.actions)
-    progress = progress_labels(rollout, config.progress_label, stage_budgets, config.env.camera)
+    progress = progress_labels(rollout, config.progress_label, stage_budgets, config.env.camera, config.distance_scale)
     return LeRobotEpisodeData(
         task=rollout.infos[0]["instruction"],
         videos={f"observation.images.{name}": np.stack(frames[:steps]) for name, frames in rollout.frames.items()},
@@ -284,12 +301,17 @@ def collect(config: CollectConfig, track: Track | None = None) -> EpisodeDataset
     stage_budgets = load_env_creator(gym.spec(config.env.id).entry_point).stage_budgets
     counts: dict[str, list[int]] = {}
 
+    if config.progress_label == "distance" and len(stage_budgets) > 1:
+        raise ValueError(
+            f"collect: progress_label=distance measures toward one goal; {config.env.id} has "
+            f"{len(stage_budgets)} stages (its goal changes), so use geometric or stage"
+        )
     if config.format == "lerobot":
         return _collect_lerobot(config, stage_budgets, track)
-    if config.relabel_targets and (config.progress_label != "geometric" or config.goal_reference):
+    if config.relabel_targets and (config.progress_label not in ("geometric", "distance") or config.goal_reference):
         raise ValueError(
-            "collect: relabel_targets needs progress_label=geometric and goal_reference=false (the goal "
-            "render shows the instructed target only)"
+            "collect: relabel_targets needs progress_label geometric or distance and goal_reference=false (the "
+            "goal render shows the instructed target only)"
         )
 
     def records() -> Iterator[EpisodeRecord]:

@@ -105,8 +105,12 @@ class CollectConfig(JobConfig):
     their observations must be this env's (the same env settings as their RL run)."""
     noise: float = pydantic.Field(0.3, ge=0)
     """Action noise std of the `noisy` expert."""
-    progress_label: Literal["geometric", "time", "stage"] = "geometric"
-    """How frames are labelled with progress (see vlm_rewards.robotics.collect)."""
+    progress_label: Literal["geometric", "distance", "time", "stage"] = "geometric"
+    """How frames are labelled with progress (see vlm_rewards.robotics.collect). geometric: the env's progress,
+    1 − distance / the episode's start distance; distance (single-goal tasks): 1 − distance / distance_scale,
+    the frame's own."""
+    distance_scale: float = pydantic.Field(2.0, gt=0)
+    """progress_label=distance: the goal distance (workspace units, objects in [−1, 1]²) labelled 0."""
     frame_stride: int = pydantic.Field(2, ge=1)
     """Keep every k-th frame (the first and the last always)."""
     relabel_targets: bool = False

@@ -61,15 +61,37 @@ def test_relabel_targets_writes_each_rollout_once_per_target(tmp_path, env_id, s
         collect(config.model_copy(update={"goal_reference": True}))
 
 
+def test_distance_labels_are_the_frames_own_goal_distance(tmp_path):
+    """progress_label=distance: 1 − |goal offset| / distance_scale (1 once reached), whatever the episode's start;
+    relabelled copies measure toward their own target."""
+    from vlm_rewards.robotics.collect import collect
+    from vlm_rewards.robotics.config import CollectConfig
+
+    env = {"id": "vlmr/Reach-v0", "num_envs": 2, "width": 16, "height": 16, "max_episode_steps": 20}
+    config = CollectConfig(output=str(tmp_path / "distance"), env=env, episodes={"expert": 2, "wrong_object": 1},
+                           views=[], frame_stride=1, relabel_targets=True, goal_reference=False,
+                           progress_label="distance", distance_scale=1.5)  # fmt: skip
+    episodes = list(collect(config))
+    assert len(episodes) == 9
+    for episode in episodes:
+        own_distance = np.clip(1 - np.linalg.norm(episode.goal_offset, axis=-1) / 1.5, 0, 1)
+        np.testing.assert_allclose(episode.progress, np.where(episode.frame_success, 1.0, own_distance), atol=1e-6)
+    experts = [e for e in episodes if e.policy == "expert"]
+    assert all(e.success and e.progress[-1] == 1 and 0 < e.progress[0] < 1 for e in experts)
+    assert sum(e.success for e in episodes if e.policy == "wrong_object_relabelled") == 1
+    with pytest.raises(ValueError, match="distance measures toward one goal"):
+        collect(CollectConfig(**{**config.model_dump(), "env": {**env, "id": "vlmr/Carry-v0"}}))
+
+
 def test_stage_labels_follow_the_stages():
     before = [{"progress": 0.0, "is_success": False, "stage": stage} for stage in (0, 0, 1, 1)]
     infos = before + [{"progress": 1.0, "is_success": True, "stage": 2}] * 2
     frames = {"top": [np.full((4, 4, 3), 10 * t, np.uint8) for t in range(6)]}
-    labels = progress_labels(Rollout("expert", frames, infos, None), "stage", (0.2, 0.8), "top")
+    labels = progress_labels(Rollout("expert", frames, infos, None), "stage", (0.2, 0.8), "top", 2.0)
     np.testing.assert_allclose(labels[[0, 2, 4, 5]], [0.0, 0.2, 1.0, 1.0], atol=1e-6)
     assert np.all(np.diff(labels) >= 0)
     failed = [dict(info, is_success=False) for info in infos]
-    assert np.all(progress_labels(Rollout("random", frames, failed, None), "time", (1.0,), "top") == 0)
+    assert np.all(progress_labels(Rollout("random", frames, failed, None), "time", (1.0,), "top", 2.0) == 0)
 
 
 @pytest.mark.slow

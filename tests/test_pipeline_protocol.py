@@ -279,9 +279,10 @@ def test_the_result_configs_follow_the_protocol(name):
     config = load_job_config(PipelineConfig, f"configs/experiments/robotics/{name}.yaml")
     assert {"sparse", "dense", "learned", "oracle"} <= set(config.conditions)
     assert len(config.test_seeds) >= 5 and 1 <= len(config.tuning_seeds) <= 2 and config.tuning.candidates
+    assert config.rl.reward.wrapper.terminal_potential == "predicted"  # both end on success: main_job_tuning's choice
 
 
-def test_the_carry_feasibility_run_is_the_protocol_recipe_on_fewer_seeds():
+def test_the_carry_feasibility_run_is_the_protocol_recipe_on_fewer_seeds_before_the_terminal_choice():
     from vlm_rewards.config import changed_settings, load_job_config
 
     feasibility, protocol = (
@@ -289,7 +290,9 @@ def test_the_carry_feasibility_run_is_the_protocol_recipe_on_fewer_seeds():
         for name in ("carry_feasibility", "carry")
     )
     seeds_and_tuning = ("output_dir", "tuning", "tuning_seeds", "test_seeds", "rl.eval.video")
-    assert changed_settings(feasibility, protocol, seeds_and_tuning) == []
+    assert changed_settings(feasibility, protocol, seeds_and_tuning) == [
+        "rl.reward.wrapper.terminal_potential: 'zero' -> 'predicted'"  # the feasibility run came first
+    ]
     assert feasibility["test_seeds"] == [0, 1] and not feasibility["tuning"]["candidates"]
     assert set(feasibility["test_seeds"]) < set(protocol["test_seeds"])
     header = Path("configs/experiments/robotics/carry_feasibility.yaml").read_text().split("\n", 1)[0]

@@ -174,7 +174,7 @@ def progress_labels(
         return geometric
     if kind == "distance":
         if "goal_offset" not in rollout.infos[0]:
-            raise ValueError("collect: progress_label=distance needs an env that reports goal_offset (Reach, Carry)")
+            raise ValueError("collect: progress_label=distance needs an env that reports goal_offset (Reach does)")
         offsets = np.array([info["goal_offset"] for info in rollout.infos])
         return distance_progress(offsets, np.array([info["is_success"] for info in rollout.infos]), distance_scale)
     num_frames = len(geometric)

@@ -3,9 +3,11 @@
 For a few reset layouts of a `vlmr/*` task, the effector is placed at every point of a grid over the
 workspace (nothing else moves) and each point's frame is scored as the clip [the layout's first frame,
 the frame], the clip the pipeline's frame-by-frame reward scores at every RL step. Beside each map, the
-env's true progress at the same points, and their correlation over the grid. A potential that rises
-toward the named target everywhere is what shaping pays for; a map of flat plateaus (e.g. one per
-vision token) gives the critic a signal only where the plateaus meet.
+env's true progress at the same points, and two correlations with it over the grid: of the values, and of
+the steps between neighbouring points (the slope, what shaping pays a move). A potential that rises toward
+the named target everywhere is what shaping pays for; a map of flat plateaus (e.g. one per vision token)
+can correlate well in value yet gives the critic a signal only where the plateaus meet, which its slope
+correlation shows.
 
     python -m vlm_rewards.robotics.potential_map runs/pipeline/rm/reward.yaml --config runs/pipeline/config.yaml
 
@@ -39,6 +41,15 @@ class PotentialMap:
     @property
     def correlation(self) -> float:
         return float(np.corrcoef(self.learned.ravel(), self.true.ravel())[0, 1])
+
+    @property
+    def slope_correlation(self) -> float:
+        """Correlation of the steps between neighbouring grid points (along x and along y), learned vs true."""
+        return float(np.corrcoef(_neighbour_steps(self.learned), _neighbour_steps(self.true))[0, 1])
+
+
+def _neighbour_steps(grid: np.ndarray) -> np.ndarray:
+    return np.concatenate([np.diff(grid, axis=0).ravel(), np.diff(grid, axis=1).ravel()])
 
 
 def potential_maps(
@@ -80,7 +91,10 @@ def plot_maps(maps: list[PotentialMap], path: Path) -> None:
         for row, (values, title) in enumerate(
             [
                 (layout.learned, f"reward: {layout.instruction}"),
-                (layout.true, f"true progress (corr {layout.correlation:.2f})"),
+                (
+                    layout.true,
+                    f"true progress (corr {layout.correlation:.2f}, slope {layout.slope_correlation:.2f})",
+                ),
             ]
         ):
             axis = axes[row, column]
@@ -122,6 +136,7 @@ def main(
                 "seed": m.seed,
                 "instruction": m.instruction,
                 "correlation": m.correlation,
+                "slope_correlation": m.slope_correlation,
                 "learned": m.learned.round(4).tolist(),
                 "true": m.true.round(4).tolist(),
             }
@@ -129,7 +144,11 @@ def main(
         ],
     }
     write_json(folder / "potential_map.json", summary)
-    print(json.dumps({m.instruction: round(m.correlation, 3) for m in maps}))
+    print(
+        json.dumps(
+            {m.instruction: {"value": round(m.correlation, 3), "slope": round(m.slope_correlation, 3)} for m in maps}
+        )
+    )
 
 
 if __name__ == "__main__":

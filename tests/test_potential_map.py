@@ -10,7 +10,7 @@ from vlm_rewards.registry import REWARDS_DIR, build_reward
 from vlm_rewards.rewards.function import FunctionReward
 from vlm_rewards.robotics.config import PipelineConfig
 from vlm_rewards.robotics.envs import make_env
-from vlm_rewards.robotics.potential_map import app, potential_maps
+from vlm_rewards.robotics.potential_map import PotentialMap, app, potential_maps
 
 
 def test_placing_the_effector_moves_only_the_effector_and_reports_the_new_progress():
@@ -42,6 +42,21 @@ def test_a_frame_reading_reward_maps_like_the_true_progress_and_a_blind_one_does
     [flat] = potential_maps(blind, config.env, "top", seeds=[50_000], points=7)
     np.testing.assert_array_equal(flat.true, mapped.true)  # the same layout and points
     assert abs(flat.correlation) < mapped.correlation - 0.3
+    assert mapped.slope_correlation > 0.6 and abs(flat.slope_correlation) < mapped.slope_correlation - 0.3
+
+
+def test_a_plateau_per_quadrant_correlates_in_value_but_not_in_slope():
+    x, y = np.meshgrid(np.linspace(-1, 1, 16), np.linspace(-1, 1, 16))
+    true = np.clip(1 - np.hypot(x - 0.5, y - 0.5) / 2, 0, 1)
+    quadrant_mean = np.zeros_like(true)
+    for rows in (slice(0, 8), slice(8, 16)):
+        for columns in (slice(0, 8), slice(8, 16)):
+            quadrant_mean[rows, columns] = true[rows, columns].mean()
+    plateaus = PotentialMap(0, "reach the red target", quadrant_mean, true)
+    assert plateaus.correlation > 0.8
+    assert plateaus.slope_correlation < 0.4
+    smooth = PotentialMap(0, "reach the red target", 0.5 * true + 0.1, true)
+    assert np.isclose(smooth.slope_correlation, 1.0)
 
 
 def test_the_command_writes_the_figure_and_the_grids(tmp_path):
@@ -51,4 +66,5 @@ def test_the_command_writes_the_figure_and_the_grids(tmp_path):
     summary = json.loads((tmp_path / "potential_map.json").read_text())
     assert [layout["seed"] for layout in summary["layouts"]] == [50_000, 50_001]
     assert np.array(summary["layouts"][0]["learned"]).shape == (4, 4)
+    assert -1 <= summary["layouts"][0]["slope_correlation"] <= 1
     assert (tmp_path / "potential_map.png").read_bytes().startswith(b"\x89PNG")

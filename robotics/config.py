@@ -430,6 +430,16 @@ class RewardWindow(Settings):
     """Put the episode's first frame in front of each clip."""
 
 
+class RewardShifts(Settings):
+    """The RM averaged over shifted copies of each clip (`shift_average` reward), for an RM trained with
+    `data.augment.shift`: a potential of one plateau per image token becomes ramps as wide as the shifts."""
+
+    max_shift: int = pydantic.Field(8, ge=1)
+    """The largest shift in pixels along each axis."""
+    points: int = pydantic.Field(3, ge=2)
+    """Shifts per axis, evenly spaced in −max_shift..max_shift: points² RM calls per scored clip."""
+
+
 class Tuning(Settings):
     """Hyper-parameter candidates, tried on `tuning_seeds` only; the chosen one is the `rl` section of every
     test run."""
@@ -497,6 +507,8 @@ class PipelineConfig(JobConfig):
     reward_window: RewardWindow | None = pydantic.Field(default_factory=RewardWindow)
     """Read the RM frame by frame (default: frame t as [frame 0, frame t], a potential of the state); None:
     the RM streams whole episodes (its context grows with t)."""
+    reward_shifts: RewardShifts | None = None
+    """Average the RM over shifted copies of each clip before reading it frame by frame; None: one copy."""
     rounds: list[Round] = []
     """Rounds after the RM stages, each RL with the RM so far, rollouts of its policies and the RM trained
     further on them; the test conditions use the last round's RM."""

@@ -130,6 +130,8 @@ class Pipeline:
             "device": self.config.rl.device,
             "batch_size": 16,
         }
+        if self.config.reward_shifts is not None:
+            reward = {"kind": "shift_average", "reward": reward, **self.config.reward_shifts.model_dump()}
         if self.config.reward_window is None:
             return reward
         return {"kind": "frame_window", "reward": reward, **self.config.reward_window.model_dump()}

@@ -23,7 +23,7 @@ from vlm_rewards.models.heads import bradley_terry_loss
 from vlm_rewards.models.reward_network import CONFIG_FILE, HEAD_FILE, RewardNetwork
 from vlm_rewards.models.trained_reward import TrainedRewardModel
 from vlm_rewards.subsample import subsample_indices
-from vlm_rewards.training.batches import ProgressBatches
+from vlm_rewards.training.batches import ProgressBatches, shifted
 from vlm_rewards.training.config import Augment, Lora, TrainRMConfig
 from vlm_rewards.training.train import (
     CHECKPOINT_CONFIG,
@@ -481,6 +481,27 @@ def test_clip_frames_caps_training_clips_and_keeps_the_first_frame(tmp_path):
     for request, labels in zip(shuffled.batch(0).requests, shuffled.batch(0).labels):
         episode = dataset[request.key.episode]
         np.testing.assert_allclose(labels[-1].item(), episode.progress[request.key.frame])
+
+
+def test_shift_moves_every_frame_and_view_of_a_clip_by_one_offset(tmp_path):
+    frames = np.zeros((3, 12, 12, 3), np.uint8)
+    frames[:, 5, 6] = 255  # one lit pixel, the same in every frame
+    request = RewardRequest(frames, "reach", views={"side": frames.copy()})
+    assert shifted(request, 0, np.random.default_rng(0)) is request
+    offsets = set()
+    for seed in range(20):
+        moved = shifted(request, 2, np.random.default_rng(seed))
+        assert moved.frames.shape == frames.shape and moved.views["side"].shape == frames.shape
+        lit = [tuple(np.argwhere(frame[..., 0])[0]) for frame in [*moved.frames, *moved.views["side"]]]
+        assert len(set(lit)) == 1  # one offset for the clip
+        offsets.add((lit[0][0] - 5, lit[0][1] - 6))
+    assert offsets <= {(dy, dx) for dy in range(-2, 3) for dx in range(-2, 3)} and len(offsets) > 5
+    dataset = small_episodes(tmp_path / "eps", num_episodes=3, num_frames=6)
+    plain = Augment(mismatch=0, reverse=0, rewind=0, stall=0)
+    unshifted = ProgressBatches(dataset, 4, plain, 0).batch(0)
+    batch = ProgressBatches(dataset, 4, Augment(mismatch=0, reverse=0, rewind=0, stall=0, shift=3), 0).batch(0)
+    torch.testing.assert_close(batch.labels, unshifted.labels)  # labels do not move with the scene
+    assert any((a.frames != b.frames).any() for a, b in zip(batch.requests, unshifted.requests))
 
 
 # ----------------------------------------------------------------------------- 11: no rich/tqdm in library code

@@ -153,6 +153,8 @@ def test_the_learned_reward_names_the_last_stage_model_and_its_window(tmp_path):
     assert (plain["kind"], plain["model"], plain["device"]) == ("trained_rm", str(tmp_path / "rm" / "model"), "cpu")
     windowed = Pipeline(PipelineConfig(reward_window={"window": 2})).learned_reward(tmp_path / "rm")
     assert windowed == {"kind": "frame_window", "reward": plain, "window": 2, "keep_first": True}
+    shifted = Pipeline(PipelineConfig(reward_shifts={"max_shift": 6})).learned_reward(tmp_path / "rm")
+    assert shifted["reward"] == {"kind": "shift_average", "reward": plain, "max_shift": 6, "points": 3}
 
 
 def test_held_out_policies_are_scripted_or_collect_checkpoints():

@@ -78,6 +78,15 @@ class RewardRequest:
             frame_index=None if self.frame_index is None else self.frame_index[:length],
         )
 
+    def shifted(self, dy: int, dx: int) -> RewardRequest:
+        """The request with every frame and view moved by dy rows and dx columns (positive: down, right), edges
+        repeated into the gap; the reference stays as it is."""
+        return replace(
+            self,
+            frames=_shift_clip(self.frames, dy, dx),
+            views={n: _shift_clip(v, dy, dx) for n, v in self.views.items()},
+        )
+
     def take(self, indices: Sequence[int] | np.ndarray) -> RewardRequest:
         """The request for the frames at `indices` (increasing; views alike), with `frame_index` saying
         which frames of the source episode they are."""
@@ -89,6 +98,12 @@ class RewardRequest:
             views={name: view[indices] for name, view in self.views.items()},
             frame_index=source[indices],
         )
+
+
+def _shift_clip(clip: np.ndarray, dy: int, dx: int) -> np.ndarray:
+    pad = max(abs(dy), abs(dx))
+    padded = np.pad(clip, ((0, 0), (pad, pad), (pad, pad), (0, 0)), mode="edge")
+    return padded[:, pad - dy : pad - dy + clip.shape[1], pad - dx : pad - dx + clip.shape[2]]
 
 
 @dataclass(frozen=True)

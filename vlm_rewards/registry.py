@@ -28,6 +28,7 @@ _BUILTIN_KINDS = {
     "marker_progress": "vlm_rewards.rewards.rules:MarkerProgress",
     "composite": "vlm_rewards.rewards.composite:CompositeReward",
     "frame_window": "vlm_rewards.rewards.window:FrameWindowReward",
+    "shift_average": "vlm_rewards.rewards.shift_average:ShiftAverageReward",
     "embedding_goal": "vlm_rewards.models.embedding:EmbeddingGoalReward",
     "trained_rm": "vlm_rewards.models.trained_reward:TrainedRewardModel",
     "vlm_judge": "vlm_rewards.models.judge:YesNoJudge",

@@ -93,7 +93,7 @@ class ProgressBatches:
         if draw < augment.mismatch:
             text = mismatched_instruction(record.instruction, self.instructions, rng)
             indices = self._cap(base, rng)
-            request = replace(self.dataset.to_request(record, indices), text=text)
+            request = shifted(replace(self.dataset.to_request(record, indices), text=text), augment.shift, rng)
             unknown_offset = np.full((len(indices), 2), np.nan)
             return (
                 request,
@@ -123,7 +123,8 @@ class ProgressBatches:
         success = np.full(len(frames), -1.0) if record.frame_success is None else record.frame_success[frames] * 1.0
         stage = np.full(len(frames), -1) if record.stage is None else record.stage[frames]
         offset = np.full((len(frames), 2), np.nan) if record.goal_offset is None else record.goal_offset[frames]
-        return self.dataset.to_request(record, frames), labels[keep], success, stage, offset
+        request = shifted(self.dataset.to_request(record, frames), self.augment.shift, rng)
+        return request, labels[keep], success, stage, offset
 
     def _cap(self, positions: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """`positions` cut to `clip_frames`: the first, then a random subset of the rest, in order or
@@ -133,6 +134,15 @@ class ProgressBatches:
             return positions
         rest = rng.choice(np.arange(1, len(positions)), size=size - 1, replace=False)
         return positions[np.concatenate([[0], rest if self.clip_shuffle else np.sort(rest)])]
+
+
+def shifted(request: RewardRequest, max_shift: int, rng: np.random.Generator) -> RewardRequest:
+    """The clip's frames and views moved by one random offset in −max_shift..max_shift pixels per axis, edges
+    repeated (as returned when max_shift is 0)."""
+    if not max_shift:
+        return request
+    dy, dx = rng.integers(-max_shift, max_shift + 1, size=2)
+    return request.shifted(int(dy), int(dx))
 
 
 class PreferenceBatches:

@@ -90,6 +90,10 @@ class Augment(JobConfig):
     """A held frame resampled back to T, labels flat there."""
     subsample: float = pydantic.Field(0.0, ge=0, le=1)
     """A random ordered subset of 1..T frames."""
+    shift: int = pydantic.Field(0, ge=0)
+    """Every clip moved by a random offset of up to this many pixels along each axis, the same for all its frames
+    and views (edges repeated; DrQ's random shift). Progress does not change when the whole scene moves, so the model
+    cannot read it from which image token holds a thing; 0: none."""
 
     @pydantic.model_validator(mode="after")
     def _at_most_one(self) -> Augment:

@@ -272,7 +272,7 @@ def test_rounds_tuning_and_tests_run_in_order_and_a_rerun_redoes_nothing(tmp_pat
     assert [name for name, _ in fakes.calls[before:]] == ["eval", "eval"]  # only the RM evaluation is redone
 
 
-@pytest.mark.parametrize("name", ["reach", "carry"])
+@pytest.mark.parametrize("name", ["reach", "reach_shifts", "carry"])
 def test_the_result_configs_follow_the_protocol(name):
     from vlm_rewards.config import load_job_config
 
@@ -280,6 +280,20 @@ def test_the_result_configs_follow_the_protocol(name):
     assert {"sparse", "dense", "learned", "oracle"} <= set(config.conditions)
     assert len(config.test_seeds) >= 5 and 1 <= len(config.tuning_seeds) <= 2 and config.tuning.candidates
     assert config.rl.reward.wrapper.terminal_potential == "predicted"  # both end on success: main_job_tuning's choice
+
+
+def test_the_reach_shifts_result_is_the_probes_rm_under_reach_protocol():
+    from vlm_rewards.config import changed_settings, load_job_config
+
+    reach, shifts, probe = (
+        load_job_config(PipelineConfig, f"configs/experiments/robotics/{name}.yaml").model_dump(mode="json")
+        for name in ("reach", "reach_shifts", "reach_shifts_probe")
+    )
+    protocol = ("output_dir", "rl", "conditions", "tuning", "tuning_seeds", "test_seeds")
+    assert changed_settings(probe, shifts, protocol) == []  # the RM recipe the probe chose on tuning seeds
+    recipe = ("output_dir", "collect.progress_label", "progress_rm", "reward_shifts")
+    assert changed_settings(reach, shifts, recipe) == []  # and reach.yaml's protocol, unchanged
+    assert set(probe["test_seeds"]) == set(shifts["tuning_seeds"])  # the probe ran on tuning seeds only
 
 
 def test_the_carry_feasibility_run_is_the_protocol_recipe_on_fewer_seeds_before_the_terminal_choice():

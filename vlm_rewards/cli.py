@@ -151,7 +151,7 @@ def policy_table(results: dict[str, list]) -> Table:
 
 @app.command("train-rm")
 def train_rm(args: JobArgs = None) -> None:
-    """Train a progress or preference reward model (tiny from scratch by default; LoRA/bf16/accelerate)."""
+    """Train a progress or preference reward model (from the shipped backbone by default; LoRA, bf16, accelerate)."""
     from vlm_rewards.training.config import TrainRMConfig
     from vlm_rewards.training.train import run_training
 
@@ -320,7 +320,7 @@ def _labelled_runs(curve: str) -> tuple[str, list[Path]]:
 
 @app.command()
 def pipeline(args: JobArgs = None) -> None:
-    """The main job: collect demonstrations, train a progress RM from scratch, RL with it and baselines, report."""
+    """The main job: collect demonstrations, fine-tune a progress RM on them, RL with it and baselines, report."""
     from vlm_rewards.robotics.pipeline import PipelineConfig, run_pipeline
 
     run_config_job(PipelineConfig, lambda config: console.print(f"report: {run_pipeline(config, tqdm_track)}"), args)

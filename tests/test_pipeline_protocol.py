@@ -272,7 +272,7 @@ def test_rounds_tuning_and_tests_run_in_order_and_a_rerun_redoes_nothing(tmp_pat
     assert [name for name, _ in fakes.calls[before:]] == ["eval", "eval"]  # only the RM evaluation is redone
 
 
-@pytest.mark.parametrize("name", ["reach", "reach_shifts", "carry"])
+@pytest.mark.parametrize("name", ["reach", "reach_shifts", "reach_shifts_replicate", "carry"])
 def test_the_result_configs_follow_the_protocol(name):
     from vlm_rewards.config import load_job_config
 
@@ -294,6 +294,37 @@ def test_the_reach_shifts_result_is_the_probes_rm_under_reach_protocol():
     recipe = ("output_dir", "collect.progress_label", "progress_rm", "reward_shifts")
     assert changed_settings(reach, shifts, recipe) == []  # and reach.yaml's protocol, unchanged
     assert set(probe["test_seeds"]) == set(shifts["tuning_seeds"])  # the probe ran on tuning seeds only
+
+
+def test_the_reach_shifts_replicate_shares_no_seed_with_the_result():
+    from vlm_rewards.config import changed_settings, load_job_config
+
+    result, replicate = (
+        load_job_config(PipelineConfig, f"configs/experiments/robotics/{name}.yaml")
+        for name in ("reach_shifts", "reach_shifts_replicate")
+    )
+    seeds = (
+        "collect.seed",
+        "progress_rm.seed",
+        "rl.eval.seed_start",
+        "tuning.eval_seed_start",
+        "tuning_seeds",
+        "test_seeds",
+    )
+    recipe_and_protocol = changed_settings(
+        result.model_dump(mode="json"),
+        replicate.model_dump(mode="json"),
+        ("output_dir", *seeds),
+    )
+    assert recipe_and_protocol == []
+    for config in (result, replicate):
+        assert not set(config.tuning_seeds) & set(config.test_seeds)
+    assert not set(result.tuning_seeds + result.test_seeds) & set(replicate.tuning_seeds + replicate.test_seeds)
+    assert result.progress_rm.seed != replicate.progress_rm.seed
+    rollouts = sum(result.collect.episodes.values()) + sum(result.eval_episodes.values())
+    assert abs(result.collect.seed - replicate.collect.seed) >= rollouts  # other training rollouts
+    assert abs(result.held_out_seed(1) - replicate.held_out_seed(1)) >= rollouts  # other held-out episodes
+    assert abs(result.rl.eval.seed_start - replicate.rl.eval.seed_start) >= result.rl.eval.episodes
 
 
 def test_the_carry_feasibility_run_is_the_protocol_recipe_on_fewer_seeds_before_the_terminal_choice():

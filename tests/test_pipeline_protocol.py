@@ -296,6 +296,29 @@ def test_the_reach_shifts_result_is_the_probes_rm_under_reach_protocol():
     assert set(probe["test_seeds"]) == set(shifts["tuning_seeds"])  # the probe ran on tuning seeds only
 
 
+def test_the_carry_shifts_rm_is_the_reach_shifts_recipe_applied_unchanged():
+    from vlm_rewards.config import changed_settings, load_job_config
+
+    reach, reach_shifts, carry, carry_shifts = (
+        load_job_config(PipelineConfig, f"configs/experiments/robotics/{name}.yaml").model_dump(mode="json")
+        for name in ("reach", "reach_shifts", "carry_transfer", "carry_shifts_transfer")
+    )
+
+    def setting(config, dotted):
+        for name in dotted.split("."):
+            config = config[name]
+        return config
+
+    def changed(before, after, may_change):
+        return {change.split(":")[0] for change in changed_settings(before, after, ("output_dir", *may_change))}
+
+    reach_recipe = changed(reach, reach_shifts, ["collect.progress_label"])  # Carry's stages keep geometric labels
+    carry_recipe = changed(carry, carry_shifts, [])
+    assert "reward_shifts" in carry_recipe and carry_recipe <= reach_recipe
+    for dotted in reach_recipe:
+        assert setting(carry_shifts, dotted) == setting(reach_shifts, dotted), dotted
+
+
 def test_the_reach_shifts_replicate_shares_no_seed_with_the_result():
     from vlm_rewards.config import changed_settings, load_job_config
 

@@ -272,7 +272,7 @@ def test_rounds_tuning_and_tests_run_in_order_and_a_rerun_redoes_nothing(tmp_pat
     assert [name for name, _ in fakes.calls[before:]] == ["eval", "eval"]  # only the RM evaluation is redone
 
 
-@pytest.mark.parametrize("name", ["reach", "reach_shifts", "reach_shifts_replicate", "carry"])
+@pytest.mark.parametrize("name", ["reach", "reach_shifts", "reach_shifts_replicate", "carry", "carry_shifts"])
 def test_the_result_configs_follow_the_protocol(name):
     from vlm_rewards.config import load_job_config
 
@@ -317,6 +317,19 @@ def test_the_carry_shifts_rm_is_the_reach_shifts_recipe_applied_unchanged():
     assert "reward_shifts" in carry_recipe and carry_recipe <= reach_recipe
     for dotted in reach_recipe:
         assert setting(carry_shifts, dotted) == setting(reach_shifts, dotted), dotted
+
+
+def test_carry_shifts_is_carry_protocol_with_the_shifts_transfer_rm():
+    from vlm_rewards.config import changed_settings, load_job_config
+
+    carry, shifts_rm, carry_shifts = (
+        load_job_config(PipelineConfig, f"configs/experiments/robotics/{name}.yaml").model_dump(mode="json")
+        for name in ("carry", "carry_shifts_transfer", "carry_shifts")
+    )
+    rm_recipe = ("progress_rm", "reward_shifts")
+    assert changed_settings(carry, carry_shifts, ("output_dir", *rm_recipe)) == []  # carry.yaml's protocol
+    for section in rm_recipe:
+        assert changed_settings(shifts_rm[section], carry_shifts[section]) == [], section
 
 
 def test_the_reach_shifts_replicate_shares_no_seed_with_the_result():

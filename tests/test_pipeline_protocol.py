@@ -395,3 +395,19 @@ def test_a_report_on_few_test_seeds_says_what_they_can_show():
     assert _budget_note(list(range(FULL_TEST_SEEDS))) == []
     note = "\n".join(_budget_note([0, 1]))
     assert "2 test seeds" in note and "configs/experiments/robotics" in note
+
+
+def test_the_carry_rm_probe_is_the_shifts_rm_on_other_rollouts():
+    from vlm_rewards.config import changed_settings, load_job_config
+
+    measured, probe = (
+        load_job_config(PipelineConfig, f"configs/experiments/robotics/{name}.yaml")
+        for name in ("carry_shifts_transfer", "carry_rm_probe")
+    )
+    rollouts_only = ("output_dir", "collect.seed")
+    assert changed_settings(measured.model_dump(mode="json"), probe.model_dump(mode="json"), rollouts_only) == []
+    episodes = sum(measured.collect.episodes.values())
+    for factor in [None, *measured.eval_length_factors]:  # None: the training rollouts
+        start = measured.collect.seed if factor is None else measured.held_out_seed(factor)
+        other = probe.collect.seed if factor is None else probe.held_out_seed(factor)
+        assert abs(start - other) >= episodes, factor

@@ -301,7 +301,7 @@ def rl(args: JobArgs = None) -> None:
 def compare_rl(
     output: Annotated[Path, typer.Argument(help="The PNG to write.")],
     curves: Annotated[
-        list[str], typer.Argument(help="label=glob of RL run directories, e.g. 'v4 RM=runs/carry_v4/rl/learned_seed*'.")
+        list[str], typer.Argument(help="label=glob of RL run directories, e.g. 'learned=runs/carry/rl/learned_seed*'.")
     ],
 ) -> None:
     """Success curves of RL runs from several pipelines in one plot, and their table (markdown) on stdout."""
@@ -314,7 +314,7 @@ def compare_rl(
 def _labelled_runs(curve: str) -> tuple[str, list[Path]]:
     label, separator, pattern = curve.partition("=")
     if not separator or not label or not pattern:
-        raise ValueError(f"curve {curve!r}: expected label=glob, e.g. 'dense=runs/carry_v1/rl/dense_seed*'")
+        raise ValueError(f"curve {curve!r}: expected label=glob, e.g. 'dense=runs/carry/rl/dense_seed*'")
     return label, sorted(Path(match) for match in glob.glob(pattern))
 
 

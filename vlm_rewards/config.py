@@ -7,7 +7,7 @@ has a default, so a job also runs with no file at all (the embedded defaults).
 YAML files are read strictly (`safe_load_strict`): a key given twice in one mapping is an error naming
 the file, line and key, not "the last one wins".
 
-A file may start from another: `extends: carry_v3.yaml` (a path relative to the file) loads that file
+A file may start from another: `extends: carry_transfer.yaml` (a path relative to the file) loads that file
 first and merges this one over it, section by section; a list or a value replaces the base's whole.
 Paths inside the base that are relative to its folder (a composite reward's parts) are then read relative
 to the extending file's folder.

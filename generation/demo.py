@@ -8,8 +8,9 @@ nor the seed the demo's settings were tuned with.
 
     python -m vlm_rewards.generation.demo runs/grpo_demo/grpo --output runs/grpo_demo
 
-writes output/report.md (a table per evaluation and split with 95 % bootstrap intervals over prompts, the curves
-and the image grids), results.json, curves.png and grids/<split>_epoch_NNNN.png.
+writes output/report.md (a table per evaluation and split with 95 % bootstrap intervals over prompts, each split's
+change from the base with its paired interval, the curves and the image grids), results.json, curves.png and
+grids/<split>_epoch_NNNN.png.
 """
 
 from __future__ import annotations
@@ -47,11 +48,21 @@ def check_run_prompts(config: GRPOConfig) -> None:
 
 
 def split_accuracy(verdicts: list[Verdict], prompt_count: int, seed: int) -> dict[str, float]:
-    """Gold accuracy, its 95 % percentile-bootstrap interval over prompts, and the mean fill."""
+    """Gold accuracy, its 95 % percentile-bootstrap interval over prompts, the mean fill and each prompt's accuracy."""
     per_prompt = np.array([verdict.correct for verdict in verdicts], dtype=float).reshape(prompt_count, -1).mean(1)
     low, high = bootstrap_ci(per_prompt, np.mean, BOOTSTRAP_RESAMPLES, seed)
     fill = float(np.mean([verdict.fill for verdict in verdicts]))
-    return {"accuracy": float(per_prompt.mean()), "low": low, "high": high, "fill": fill}
+    return {"accuracy": float(per_prompt.mean()), "low": low, "high": high, "fill": fill,
+            "per_prompt": per_prompt.tolist()}  # fmt: skip
+
+
+def paired_change(first: dict, last: dict, seed: int) -> dict[str, float]:
+    """The change in gold accuracy between two evaluations of one split and its 95 % bootstrap interval over
+    prompts, paired: both drew the same noise for each prompt, so the per-prompt differences carry the change and
+    leave out how hard each prompt is, which the per-evaluation intervals include."""
+    differences = np.subtract(last["per_prompt"], first["per_prompt"])
+    low, high = bootstrap_ci(differences, np.mean, BOOTSTRAP_RESAMPLES, seed)
+    return {"change": float(differences.mean()), "low": low, "high": high}
 
 
 def evaluate_run(
@@ -117,7 +128,8 @@ def write_report(rows: list[dict], run_dir: Path, output: Path, seed: int, image
         f"| {row['epoch']} | " + " | ".join(cell.format(**row[split]) for split in SPLITS) + " |" for row in rows
     )
     first, last = rows[0], rows[-1]
-    change = ", ".join(f"{split} {last[split]['accuracy'] - first[split]['accuracy']:+.3f}" for split in SPLITS)
+    changes = {split: paired_change(first[split], last[split], seed) for split in SPLITS}
+    change = ", ".join(f"{name} {c['change']:+.3f} [{c['low']:+.2f}, {c['high']:+.2f}]" for name, c in changes.items())
     train = config.train
     grids = "\n".join(
         f"| {split} | ![](grids/{split}_epoch_{first['epoch']:04d}.png) | "
@@ -137,7 +149,8 @@ Run: `{run_dir}` ({train.epochs} epochs of {sampled} images, groups of {train.gr
 | --- | --- | --- | --- |
 {table}
 
-Change from the base to the last evaluation: {change}.
+Change from the base to the last evaluation, paired over prompts (the same noise for each prompt in both)
+[95 % bootstrap interval]: {change}.
 
 ![gold accuracy per split](curves.png)
 
@@ -153,7 +166,7 @@ regions (top left, top right, bottom left, bottom right, center) side by side, {
 It can show the direction on one training seed and one evaluation noise seed: whether GRPO with the verifier's
 soft score raises gold accuracy on the pairs it samples, whether that carries over to pairs it never samples, and
 whether the base's own prompts hold. It cannot give an effect size: one run, {len(rows)} evaluations of
-{15 * images["grpo"]} images per held-out split, so differences inside the intervals are noise; the settings were
+{15 * images["grpo"]} images per held-out split, so a change whose paired interval holds 0 is noise; the settings were
 tuned on another evaluation noise seed, but on the same training seed and splits. The full benchmark,
 `vlmr generation-benchmark {FULL_BENCHMARK}`, trains the same prompts longer on five training seeds, beside
 DiffusionNFT and RWR at the same number of sampled images, and reports every split over seeds.

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from vlm_rewards.config import load_job_config
 from vlm_rewards.data.synthetic import COLORS, SHAPES
+from vlm_rewards.evaluation.metrics import bootstrap_ci
 from vlm_rewards.fingerprint import sha256_file
 from vlm_rewards.generation import demo, pretrain
 from vlm_rewards.generation.config import GRPOConfig, PretrainConfig, PromptFile
@@ -168,4 +169,20 @@ def test_demo_report_evaluates_the_base_and_each_checkpoint_on_every_split(tiny_
             assert (tmp_path / "report" / "grids" / f"{name}_epoch_{row['epoch']:04d}.png").is_file()
     report = (tmp_path / "report" / "report.md").read_text()
     assert report.count("\n| 0 | ") == 1 and "\n| 2 | " in report and "What this budget can and cannot show" in report
+    assert "paired over prompts" in report
     assert (tmp_path / "report" / "curves.png").is_file()
+
+
+def test_the_demo_change_is_paired_over_prompts():
+    """Prompts of very different difficulty, each up by 0.125: the per-evaluation intervals overlap, the paired
+    interval of the change does not hold 0; an evaluation against itself changes by exactly 0."""
+    base = {"per_prompt": [0.0, 0.125, 0.25, 0.5, 0.625, 0.75, 0.875] * 2}
+    trained = {"per_prompt": [value + 0.125 for value in base["per_prompt"]]}
+    change = demo.paired_change(base, trained, seed=0)
+    assert change["change"] == pytest.approx(0.125) and change["low"] == change["high"] == pytest.approx(0.125)
+    noisy = {"per_prompt": [value + delta for value, delta in zip(trained["per_prompt"], [0.125, -0.125] * 7)]}
+    change = demo.paired_change(base, noisy, seed=0)
+    noisy_low, _ = bootstrap_ci(noisy["per_prompt"], np.mean, 2000, 0)
+    _, base_high = bootstrap_ci(base["per_prompt"], np.mean, 2000, 0)
+    assert noisy_low < base_high and 0 < change["low"] < 0.125 < change["high"]
+    assert demo.paired_change(base, base, seed=0) == {"change": 0.0, "low": 0.0, "high": 0.0}

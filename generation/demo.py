@@ -47,7 +47,7 @@ def check_run_prompts(config: GRPOConfig) -> None:
                        "train": prompts("train", HOLDOUT)})  # fmt: skip
 
 
-def split_accuracy(verdicts: list[Verdict], prompt_count: int, seed: int) -> dict[str, float]:
+def split_accuracy(verdicts: list[Verdict], prompt_count: int, seed: int) -> dict[str, float | list[float]]:
     """Gold accuracy, its 95 % percentile-bootstrap interval over prompts, the mean fill and each prompt's accuracy."""
     per_prompt = np.array([verdict.correct for verdict in verdicts], dtype=float).reshape(prompt_count, -1).mean(1)
     low, high = bootstrap_ci(per_prompt, np.mean, BOOTSTRAP_RESAMPLES, seed)

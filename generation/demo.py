@@ -163,8 +163,8 @@ regions (top left, top right, bottom left, bottom right, center) side by side, {
 
 ## What this budget can and cannot show
 
-It can show the direction on one training seed and one evaluation noise seed: whether GRPO with the verifier's
-soft score raises gold accuracy on the pairs it samples, whether that carries over to pairs it never samples, and
+It can show the direction on one training seed and one evaluation noise seed: whether GRPO with its trained
+reward raises gold accuracy on the pairs it samples, whether that carries over to pairs it never samples, and
 whether the base's own prompts hold. It cannot give an effect size: one run, {len(rows)} evaluations of
 {15 * images["grpo"]} images per held-out split, so a change whose paired interval holds 0 is noise; the settings were
 tuned on another evaluation noise seed, but on the same training seed and splits. The full benchmark,
@@ -183,7 +183,7 @@ def report(
     run_dir: Annotated[Path, typer.Argument(help="a vlmr grpo or vlmr nft run on the six_pairs base")],
     output: Annotated[Path, typer.Option(help="the report's folder")] = Path("runs/grpo_demo"),
     seed: Annotated[int, typer.Option(help="the evaluation noise seed")] = 1000,
-    images: Annotated[int, typer.Option(help="images per prompt on the grpo and unseen splits")] = 8,
+    images: Annotated[int, typer.Option(help="images per prompt on the grpo and unseen splits")] = 24,
     train_images: Annotated[int, typer.Option(help="images per prompt on the base's train split")] = 2,
 ) -> None:
     """Evaluate the base and every checkpoint of the run on each split; write the report."""

@@ -46,6 +46,7 @@ JITTER = 0.05  # ground truth's offset from the region centre, per axis
 MIN_AREA = 0.5  # presence: at least half the shape's area in the prompted colour
 MAX_DISTANCE = 0.15  # position: centroid within this of the region centre (regions are >= 0.3 apart)
 MAX_CLUTTER = 0.5  # no other colour covering more than half the shape's area
+SHAPE_GRADE = 0.1  # `graded_score`'s shape term rises from 0.5 to 1 over shape margins -0.1..0.1 (renders: >= 0.11)
 SOLID_FILL = 0.8  # the lowest fill of a ground-truth render: `solid_score` pays in full from here, nothing at 0.5
 SATURATION = 60  # pixels with max - min channel below this are table (grey)
 COLOR_DISTANCE = 80  # a saturated pixel is a palette colour only within this RGB distance of it
@@ -164,7 +165,16 @@ class Verdict:
 
     @property
     def score(self) -> float:
-        shape = 1.0 if self.shape_matches else 0.5
+        return self.soft_checks(shape=1.0 if self.shape_matches else 0.5)
+
+    @property
+    def graded_score(self) -> float:
+        """`score` with a shape term that grows with the shape margin instead of jumping at 0: generated shapes sit
+        within ±0.1 of it, where the jump is the only signal."""
+        return self.soft_checks(shape=float(np.clip(0.75 + 0.25 * self.shape_margin / SHAPE_GRADE, 0.5, 1.0)))
+
+    def soft_checks(self, shape: float) -> float:
+        """The product of the soft presence, position and tidiness terms and the given shape term."""
         presence = min(1.0, self.area / MIN_AREA)
         position = float(np.clip((MAX_DISTANCE + 0.1 - self.distance) / 0.1, 0.0, 1.0))
         tidiness = float(np.clip(1.0 - self.clutter, 0.0, 1.0))
@@ -285,6 +295,12 @@ def verifier_score(request: RewardRequest) -> RewardResult:
     """The soft verifier score of the request's last frame, in [0, 1]: GRPO's trained reward."""
     verdict = verify(request.frames[-1], request.text)
     return RewardResult(verdict.score, info=verdict.info())
+
+
+def graded_verifier_score(request: RewardRequest) -> RewardResult:
+    """`verifier_score` whose shape term grows with the shape margin, in [0, 1]."""
+    verdict = verify(request.frames[-1], request.text)
+    return RewardResult(verdict.graded_score, info=verdict.info())
 
 
 def solid_verifier_score(request: RewardRequest) -> RewardResult:

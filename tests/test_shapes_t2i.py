@@ -32,6 +32,11 @@ SOLID = {
     "function": "vlm_rewards.generation.shapes_t2i:solid_verifier_score",
     "value_range": [0, 1],
 }
+GRADED = {
+    "kind": "function",
+    "function": "vlm_rewards.generation.shapes_t2i:graded_verifier_score",
+    "value_range": [0, 1],
+}
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -115,6 +120,18 @@ def test_verifier_fails_renders_of_the_wrong_colour_position_or_shape(attribute)
                 assert [name for name, passed in verdict.checks.items() if not passed] == ["shape"]
 
 
+def test_the_graded_score_grows_with_the_shape_margin_where_the_soft_score_jumps():
+    margins = np.linspace(-0.3, 0.3, 61)
+    verdicts = [Verdict(area=1.0, distance=0.0, shape_margin=float(margin), clutter=0.0) for margin in margins]
+    graded = np.array([verdict.graded_score for verdict in verdicts])
+    assert np.all(np.diff(graded) >= 0) and graded[0] == 0.5 and graded[-1] == 1.0
+    near_zero = np.abs(margins) <= shapes_t2i.SHAPE_GRADE - 1e-9
+    assert np.all(np.diff(graded[near_zero]) > 0)  # every step of margin pays, not just crossing 0
+    assert {verdict.score for verdict in verdicts} == {0.5, 1.0}
+    placed = Verdict(area=0.25, distance=0.2, shape_margin=0.05, clutter=0.1)  # the other terms scale it as before
+    assert placed.graded_score == pytest.approx(placed.score * 0.875)
+
+
 def test_best_of_n_keeps_the_best_scoring_image_and_pass_rates_say_which_check_failed():
     right, wrong_shape = Verdict(1.0, 0.0, 0.2, 0.0), Verdict(1.0, 0.0, -0.2, 0.0)
     verdicts = [[wrong_shape, right, wrong_shape, wrong_shape], [right, right, right, wrong_shape]]
@@ -127,7 +144,7 @@ def test_best_of_n_keeps_the_best_scoring_image_and_pass_rates_say_which_check_f
 def test_verifier_rewards_conform_to_the_interface_and_refuse_other_prompts():
     rng = np.random.default_rng(2)
     requests = [RewardRequest(render(p, rng)[None], p) for p in prompts()[:6]]
-    for config in (VERIFIER, SOLID, ACCURACY):
+    for config in (VERIFIER, SOLID, GRADED, ACCURACY):
         reward = build_reward(config)
         check_reward(reward, requests)
         assert [result.reward for result in reward.score(requests)] == [1.0] * 6

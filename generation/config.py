@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal
 import numpy as np
 import pydantic
 
-from vlm_rewards.config import JobConfig, OutputDir, Settings
+from vlm_rewards.config import REPLACED_BY_FILE, JobConfig, OutputDir, Settings
 
 DEFAULT_NOISE_LEVEL = 0.7
 """Flow-GRPO's noise level a: the default of `SamplerSettings.noise_level` and of `sde.sde_step_with_logprob`."""
@@ -483,9 +483,10 @@ class BenchmarkConfig(JobConfig):
     output_dir: OutputDir = Path("runs/six_pairs")
     """The benchmark's folder: a run per arm and seed (<arm>_seed<S>), evaluations/, report.md, results.json and
     the figure."""
-    arms: dict[str, BenchmarkArm] = pydantic.Field(default_factory=_default_arms)
-    """The compared algorithms by name (letters, digits, - and _; not "base"). Every arm must sample the same
-    number of images in training and start from the same base model (checked before anything trains)."""
+    arms: dict[str, BenchmarkArm] = pydantic.Field(default_factory=_default_arms, json_schema_extra=REPLACED_BY_FILE)
+    """The compared algorithms by name (letters, digits, - and _; not "base"); a config's arms replace these. Every
+    arm must sample the same number of images in training and start from the same base model (checked before
+    anything trains)."""
     base_seeds: list[int] = pydantic.Field([2000, 2001, 2002, 2003, 2004], min_length=2)
     """Evaluation noise seeds of the base model (one evaluation each; its interval is over them)."""
     eval_seed: int = 2000

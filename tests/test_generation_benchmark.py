@@ -12,7 +12,7 @@ from tests.test_config_structure import undocumented_fields
 from vlm_rewards.cli import app
 from vlm_rewards.config import load_job_config
 from vlm_rewards.generation import benchmark
-from vlm_rewards.generation.config import BenchmarkConfig, RWRConfig
+from vlm_rewards.generation.config import BenchmarkConfig, GRPOConfig, RWRConfig
 from vlm_rewards.generation.models import build_tiny_generator, save_tiny_generator
 from vlm_rewards.generation.shapes_t2i import prompts
 
@@ -181,6 +181,29 @@ def test_shipped_benchmark_config_compares_the_three_arms_at_equal_images(monkey
     )
     assert {type(run.config).__name__ for run in runs} == {"GRPOConfig", "NFTConfig", "RWRConfig"}
     assert runs[-1].config.output_dir == Path("runs/six_pairs/rwr_seed2") and runs[-1].config.resume
+
+
+def test_a_config_file_s_arms_replace_the_default_arms(tmp_path):
+    path = tmp_path / "one_arm.yaml"
+    path.write_text(yaml.safe_dump({"arms": {"mine": {"algorithm": "grpo", "config": "x.yaml", "seeds": [5, 6]}}}))
+    config = load_job_config(BenchmarkConfig, path)
+    assert list(config.arms) == ["mine"] and config.base_seeds == BenchmarkConfig().base_seeds  # the rest merges
+    assert list(load_job_config(BenchmarkConfig, path, ["arms.mine.seeds=[5, 7]"]).arms) == ["mine"]
+
+
+def test_the_graded_replicate_reruns_the_demo_s_training_on_seeds_nothing_else_used(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    replicate = load_job_config(BenchmarkConfig, "configs/experiments/generation/six_pairs_graded.yaml")
+    shipped, demo = BenchmarkConfig(), load_job_config(GRPOConfig, "configs/grpo/shapes_demo.yaml")
+    (run,) = benchmark.load_runs(replicate)[:1]
+    arm = replicate.arms["grpo_graded"]
+    assert len(arm.seeds) == 5 and not {*arm.seeds} & {demo.seed, *shipped.arms["grpo"].seeds}
+    noise = {replicate.eval_seed, *replicate.base_seeds}
+    assert not noise & {7, 1000, shipped.eval_seed, *shipped.base_seeds} and replicate.images == shipped.images
+    assert run.config.rewards == demo.rewards and run.config.train == demo.train  # the demo's training
+    graded = load_job_config(GRPOConfig, arm.config).model_dump()
+    plain = load_job_config(GRPOConfig, shipped.arms["grpo"].config).model_dump()
+    assert {key for key in plain if plain[key] != graded[key]} == {"output_dir", "rewards"}
 
 
 @pytest.mark.parametrize(

@@ -127,6 +127,11 @@ class Settings(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
 
+REPLACED_BY_FILE = {"replaced_by_file": True}
+"""`pydantic.Field(json_schema_extra=REPLACED_BY_FILE)`: a job config file that sets the field replaces its default
+instead of merging into it."""
+
+
 class JobConfig(Settings):
     """Base of every job's top-level config (a YAML file plus `dotted.key=value` overrides)."""
 
@@ -166,9 +171,15 @@ def load_job_config(model: type[ConfigT], path: str | Path | None = None, overri
     """Validate a job config from an optional YAML file plus overrides; errors name the file and key.
 
     The file and the overrides are merged into the model's full defaults, so overriding one key of a
-    nested section keeps the section's other defaults.
+    nested section keeps the section's other defaults; a field declared with `REPLACED_BY_FILE` (a map of named
+    items, such as a benchmark's arms) is taken whole from the file when the file sets it.
     """
-    data = deep_merge(model().model_dump(), load_yaml_file(path) if path is not None else {})
+    given = load_yaml_file(path) if path is not None else {}
+    defaults = model().model_dump()
+    for name, field in model.model_fields.items():
+        if name in given and (field.json_schema_extra or {}).get("replaced_by_file"):
+            defaults.pop(name, None)
+    data = deep_merge(defaults, given)
     origin = str(path) if path is not None else f"{model.__name__} defaults"
     try:
         return model.model_validate(apply_overrides(data, overrides))

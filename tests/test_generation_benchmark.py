@@ -189,13 +189,20 @@ def test_a_config_file_s_arms_replace_the_default_arms(tmp_path):
     config = load_job_config(BenchmarkConfig, path)
     assert list(config.arms) == ["mine"] and config.base_seeds == BenchmarkConfig().base_seeds  # the rest merges
     assert list(load_job_config(BenchmarkConfig, path, ["arms.mine.seeds=[5, 7]"]).arms) == ["mine"]
+    child = tmp_path / "child.yaml"  # a file that extends one with arms replaces them too
+    child.write_text(
+        yaml.safe_dump(
+            {"extends": "one_arm.yaml", "arms": {"yours": {"algorithm": "nft", "config": "y.yaml", "seeds": [5, 6]}}}
+        )
+    )
+    assert list(load_job_config(BenchmarkConfig, child).arms) == ["yours"]
 
 
 def test_the_graded_replicate_reruns_the_demo_s_training_on_seeds_nothing_else_used(monkeypatch):
     monkeypatch.chdir(ROOT)
     replicate = load_job_config(BenchmarkConfig, "configs/experiments/generation/six_pairs_graded.yaml")
     shipped, demo = BenchmarkConfig(), load_job_config(GRPOConfig, "configs/grpo/shapes_demo.yaml")
-    (run,) = benchmark.load_runs(replicate)[:1]
+    run = benchmark.load_runs(replicate)[0]
     arm = replicate.arms["grpo_graded"]
     assert len(arm.seeds) == 5 and not {*arm.seeds} & {demo.seed, *shipped.arms["grpo"].seeds}
     noise = {replicate.eval_seed, *replicate.base_seeds}

@@ -15,7 +15,7 @@ to the extending file's folder.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -66,12 +66,13 @@ def safe_load_strict(text: str, origin: str = "<yaml>") -> Any:
         loader.dispose()
 
 
-def load_yaml_file(path: str | Path) -> dict[str, Any]:
-    """A YAML mapping read with `safe_load_strict`, merged over the file it `extends`; errors name the file."""
-    return _load_extending(Path(path), chain=())
+def load_yaml_file(path: str | Path, replaced: Collection[str] = ()) -> dict[str, Any]:
+    """A YAML mapping read with `safe_load_strict`, merged over the file it `extends` (its top-level keys in
+    `replaced` taken whole, not merged); errors name the file."""
+    return _load_extending(Path(path), chain=(), replaced=replaced)
 
 
-def _load_extending(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
+def _load_extending(path: Path, chain: tuple[Path, ...], replaced: Collection[str]) -> dict[str, Any]:
     loaded = _load_mapping(path)
     base = loaded.pop("extends", None)
     if base is None:
@@ -84,7 +85,7 @@ def _load_extending(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
         cycle = " -> ".join(str(step) for step in (*chain, base_path))
         raise ValueError(f"{path}: extends makes a cycle ({cycle})")
     try:
-        return deep_merge(_load_extending(base_path, chain), loaded)
+        return deep_merge(_load_extending(base_path, chain, replaced), loaded, replaced)
     except ValueError as error:
         raise ValueError(f"{path}: extends {base}: {error}") from None
 
@@ -172,14 +173,13 @@ def load_job_config(model: type[ConfigT], path: str | Path | None = None, overri
 
     The file and the overrides are merged into the model's full defaults, so overriding one key of a
     nested section keeps the section's other defaults; a field declared with `REPLACED_BY_FILE` (a map of named
-    items, such as a benchmark's arms) is taken whole from the file when the file sets it.
+    items, such as a benchmark's arms) is taken whole from the file, or from the file it extends, that sets it.
     """
-    given = load_yaml_file(path) if path is not None else {}
-    defaults = model().model_dump()
-    for name, field in model.model_fields.items():
-        if name in given and (field.json_schema_extra or {}).get("replaced_by_file"):
-            defaults.pop(name, None)
-    data = deep_merge(defaults, given)
+    replaced = {
+        name for name, field in model.model_fields.items() if (field.json_schema_extra or {}).get("replaced_by_file")
+    }
+    given = load_yaml_file(path, replaced) if path is not None else {}
+    data = deep_merge(model().model_dump(), given, replaced)
     origin = str(path) if path is not None else f"{model.__name__} defaults"
     try:
         return model.model_validate(apply_overrides(data, overrides))
@@ -187,10 +187,12 @@ def load_job_config(model: type[ConfigT], path: str | Path | None = None, overri
         raise ValueError(f"{origin}: {format_validation_error(error)}") from None
 
 
-def deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+def deep_merge(base: dict[str, Any], update: dict[str, Any], replaced: Collection[str] = ()) -> dict[str, Any]:
+    """`base` with `update` merged in, section by section; `update`'s values of the keys in `replaced` are taken
+    whole."""
     merged = _deep_copy(base)
     for key, value in update.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+        if key not in replaced and isinstance(value, dict) and isinstance(merged.get(key), dict):
             merged[key] = deep_merge(merged[key], value)
         else:
             merged[key] = value

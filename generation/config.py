@@ -423,6 +423,10 @@ class PretrainConfig(JobConfig):
     """AdamW learning rate after the warmup."""
     warmup_steps: int = pydantic.Field(100, gt=0)
     """Steps of linear learning-rate warmup."""
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    """After the warmup: "constant", or "cosine" from lr towards 0 at the last step."""
+    ema_decay: float | None = pydantic.Field(None, gt=0, lt=1)
+    """Evaluate and save an EMA of the weights with this decay (e.g. 0.999); None: the trained weights."""
     eval_every: int = pydantic.Field(500, ge=0)
     """Evaluate gold accuracy on the train and held-out prompts every this many steps; 0: only at the end."""
     eval_num_steps: int = pydantic.Field(10, gt=0)

@@ -166,10 +166,10 @@ regions (top left, top right, bottom left, bottom right, center) side by side, {
 It can show the direction on one training seed and one evaluation noise seed: whether GRPO with its trained
 reward raises gold accuracy on the pairs it samples, whether that carries over to pairs it never samples, and
 whether the base's own prompts hold. It cannot give an effect size: one run, {len(rows)} evaluations of
-{15 * images["grpo"]} images per held-out split, so a change whose paired interval holds 0 is noise; the settings were
-tuned on another evaluation noise seed, but on the same training seed and splits. The full benchmark,
-`vlmr generation-benchmark {FULL_BENCHMARK}`, trains the same prompts longer on five training seeds, beside
-DiffusionNFT and RWR at the same number of sampled images, and reports every split over seeds.
+{15 * images["grpo"]} images per held-out split, so a change whose paired interval holds 0 is noise;
+`make grpo-demo`'s settings were tuned on another evaluation noise seed and the previous shipped base, but on the
+same training seed and splits. The full benchmark, `vlmr generation-benchmark {FULL_BENCHMARK}`, trains the same
+prompts on five training seeds, beside DiffusionNFT and RWR at the same number of sampled images, and reports every split over seeds.
 """
     with atomic_path(output / "report.md") as temporary:
         temporary.write_text(report)

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Annotated
 
@@ -30,6 +32,7 @@ import typer
 from vlm_rewards.config import dump_config, load_job_config
 from vlm_rewards.fingerprint import sha256_file
 from vlm_rewards.generation.config import ModelSettings, PretrainConfig
+from vlm_rewards.generation.ema import ParameterEMA
 from vlm_rewards.generation.export import export_base
 from vlm_rewards.generation.models import (
     ImageGenerator,
@@ -52,7 +55,8 @@ def run_pretrain(config: PretrainConfig, track: Callable[..., Iterable] | None =
     text_encoder = generator.text_encoder.requires_grad_(True)
     parameters = [*generator.denoiser.parameters(), *text_encoder.parameters()]
     optimizer = torch.optim.AdamW(parameters, lr=config.lr, weight_decay=0.0)
-    warmup = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / config.warmup_steps))
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(config, step))
+    ema = ParameterEMA(parameters, config.ema_decay) if config.ema_decay else None
     rng = np.random.default_rng(config.seed)
     noise_rng = torch.Generator().manual_seed(config.seed)
     train_prompts = prompts(config.train_split, config.holdout)
@@ -68,13 +72,26 @@ def run_pretrain(config: PretrainConfig, track: Callable[..., Iterable] | None =
         loss.backward()
         torch.nn.utils.clip_grad_norm_(parameters, 1.0)
         optimizer.step()
-        warmup.step()
-        logs = {"loss": loss.item(), "time_s": time.perf_counter() - start}
+        schedule.step()
+        if ema is not None:
+            ema.update()
+        logs = {"loss": loss.item(), "lr": schedule.get_last_lr()[0], "time_s": time.perf_counter() - start}
         if step == config.steps or (config.eval_every and step % config.eval_every == 0):
-            logs |= evaluate_splits(generator, config)
+            with ema.applied() if ema is not None else nullcontext():
+                logs |= evaluate_splits(generator, config)
         record(config.output_dir, history, logs, step)
+    if ema is not None:
+        ema.apply()
     save_tiny_generator(generator, config.output_dir / "model")
     return history
+
+
+def lr_factor(config: PretrainConfig, step: int) -> float:
+    """The learning rate over `lr` after `step` optimizer steps: linear warmup, then constant or cosine to 0."""
+    warmup = min(1.0, (step + 1) / config.warmup_steps)
+    if config.lr_schedule == "cosine":
+        return warmup * 0.5 * (1 + math.cos(math.pi * step / config.steps))
+    return warmup
 
 
 def flow_matching_loss(
@@ -200,6 +217,7 @@ of the generation benchmark, as SD3.5 or Flux is for a real one. Weights in {dty
 
 ```python
 from vlm_rewards.generation.models import load_tiny_generator
+
 generator = load_tiny_generator("{output}")
 ```
 

@@ -6,19 +6,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from vlm_rewards.config import load_job_config
 from vlm_rewards.data.episodes import PairDataset
 from vlm_rewards.data.synthetic import COLORS, GOALS, SHAPES
 from vlm_rewards.generation import shapes_eval, shapes_t2i
-from vlm_rewards.generation.config import GRPOConfig, PretrainConfig
+from vlm_rewards.generation.config import GRPOConfig, ModelSettings, PretrainConfig
 from vlm_rewards.generation.models import load_tiny_generator
 from vlm_rewards.generation.pretrain import run_pretrain
 from vlm_rewards.generation.sampling import sample_deterministic
 from vlm_rewards.generation.shapes_eval import best_of_n, load_policy, pass_rates
 from vlm_rewards.generation.shapes_t2i import ShapePrompt, Verdict, prompts, render, sample_verdicts, verify
-from vlm_rewards.generation.train import run_grpo
+from vlm_rewards.generation.train import build_generator, run_grpo
 from vlm_rewards.interface import RewardRequest
 from vlm_rewards.registry import build_reward
 from vlm_rewards.testing import check_reward
@@ -233,3 +234,27 @@ def test_generated_pairs_prefer_the_image_the_verifier_scores_higher(tmp_path, m
         chosen, rejected = verify(pair.chosen[0], pair.prompt), verify(pair.rejected[0], pair.prompt)
         assert chosen.correct and not rejected.correct
         assert pair.margin == pytest.approx(chosen.score - rejected.score) and pair.margin > 0
+
+
+def test_pretraining_saves_the_ema_of_its_weights_and_follows_the_cosine_schedule(tmp_path):
+    def weights(generator):
+        modules = (generator.denoiser, generator.text_encoder)
+        return [p.detach().clone() for module in modules for p in module.parameters()]
+
+    def pretrained(steps, **settings):
+        config = PretrainConfig(
+            output_dir=tmp_path / f"{steps}_{len(settings)}", steps=steps, batch_size=2, warmup_steps=1,
+            eval_num_steps=1, eval_images_per_prompt=1, lr_schedule="cosine", model=model, **settings,
+        )  # fmt: skip
+        return run_pretrain(config), weights(load_tiny_generator(config.output_dir / "model"))
+
+    model = {"resolution": 16, "layers": 1, "heads": 2, "head_dim": 8, "text_dim": 16, "patch_size": 2}
+    initial = weights(build_generator(ModelSettings(family="flow", tiny=model)))
+    _, after_one = pretrained(1)
+    history, after_two = pretrained(2)
+    assert [lr for _, lr in history["lr"]] == pytest.approx([0.5e-3, 0.0])  # cosine from 1e-3 to 0 over 2 steps
+    ema_history, ema = pretrained(2, ema_decay=0.5)
+    expected = [0.25 * w0 + 0.25 * w1 + 0.5 * w2 for w0, w1, w2 in zip(initial, after_one, after_two)]
+    assert all(torch.allclose(e, x, atol=1e-6) for e, x in zip(ema, expected))
+    assert not all(torch.allclose(e, w, atol=1e-6) for e, w in zip(ema, after_two))
+    assert ema_history["loss"] == history["loss"]  # the average is only evaluated and saved, never trained

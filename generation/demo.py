@@ -169,7 +169,8 @@ whether the base's own prompts hold. It cannot give an effect size: one run, {le
 {15 * images["grpo"]} images per held-out split, so a change whose paired interval holds 0 is noise;
 `make grpo-demo`'s settings were tuned on another evaluation noise seed and the previous shipped base, but on the
 same training seed and splits. The full benchmark, `vlmr generation-benchmark {FULL_BENCHMARK}`, trains the same
-prompts on five training seeds, beside DiffusionNFT and RWR at the same number of sampled images, and reports every split over seeds.
+prompts on five training seeds, beside DiffusionNFT and RWR at the same number of sampled images, and reports every
+split over seeds.
 """
     with atomic_path(output / "report.md") as temporary:
         temporary.write_text(report)

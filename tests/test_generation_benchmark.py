@@ -213,6 +213,20 @@ def test_the_graded_replicate_reruns_the_demo_s_training_on_seeds_nothing_else_u
     assert {key for key in plain if plain[key] != graded[key]} == {"output_dir", "rewards"}
 
 
+def test_the_rwr_replicate_reruns_the_benchmark_s_rwr_arm_on_other_seeds_with_the_graded_replicate_s_noise(
+    monkeypatch,
+):
+    monkeypatch.chdir(ROOT)
+    replicate = load_job_config(BenchmarkConfig, "configs/experiments/generation/six_pairs_rwr.yaml")
+    graded = load_job_config(BenchmarkConfig, "configs/experiments/generation/six_pairs_graded.yaml")
+    shipped = BenchmarkConfig()
+    (arm,) = replicate.arms.values()
+    assert (arm.algorithm, arm.config) == (shipped.arms["rwr"].algorithm, shipped.arms["rwr"].config)
+    assert len(arm.seeds) == 5 and not {*arm.seeds} & {*shipped.arms["rwr"].seeds}
+    assert (replicate.eval_seed, replicate.base_seeds) == (graded.eval_seed, graded.base_seeds)  # one base row
+    assert replicate.images == shipped.images and replicate.checkpoint == shipped.checkpoint
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [

@@ -30,6 +30,8 @@ Split = Literal["train", "held_out", "all", "grpo", "unseen"]
 the `six_pairs` holdout's held-out pairs GRPO trains on and those it never sees."""
 Holdout = Literal["triples", "pairs", "six_pairs"]
 """Which ShapesWorld combinations are held out of base training (`vlm_rewards.generation.shapes_t2i`)."""
+LRSchedule = Literal["constant", "cosine"]
+"""After any warmup: a constant learning rate, or a cosine from lr towards 0 at the end of training."""
 
 
 class TinyModel(Settings):
@@ -221,7 +223,7 @@ class Train(Settings):
     """Passes of PPO updates over each epoch's samples."""
     lr: float = 3e-4
     """Learning rate of AdamW on the LoRA weights."""
-    lr_schedule: Literal["constant", "cosine"] = "constant"
+    lr_schedule: LRSchedule = "constant"
     """"cosine": from lr at epoch 0 towards 0 at the last epoch."""
     weight_decay: float = 1e-4
     """AdamW weight decay."""
@@ -423,7 +425,7 @@ class PretrainConfig(JobConfig):
     """AdamW learning rate after the warmup."""
     warmup_steps: int = pydantic.Field(100, gt=0)
     """Steps of linear learning-rate warmup."""
-    lr_schedule: Literal["constant", "cosine"] = "constant"
+    lr_schedule: LRSchedule = "constant"
     """After the warmup: "constant", or "cosine" from lr towards 0 at the last step."""
     ema_decay: float | None = pydantic.Field(None, gt=0, lt=1)
     """Evaluate and save an EMA of the weights with this decay (e.g. 0.999); None: the trained weights."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from collections.abc import Callable, Iterable
 from contextlib import nullcontext
@@ -42,7 +41,7 @@ from vlm_rewards.generation.models import (
     save_tiny_generator,
 )
 from vlm_rewards.generation.shapes_t2i import gold_accuracy, prompts, render
-from vlm_rewards.generation.train import build_generator
+from vlm_rewards.generation.train import build_generator, schedule_factor
 from vlm_rewards.io import atomic_path
 
 logger = logging.getLogger(__name__)
@@ -89,9 +88,7 @@ def run_pretrain(config: PretrainConfig, track: Callable[..., Iterable] | None =
 def lr_factor(config: PretrainConfig, step: int) -> float:
     """The learning rate over `lr` after `step` optimizer steps: linear warmup, then constant or cosine to 0."""
     warmup = min(1.0, (step + 1) / config.warmup_steps)
-    if config.lr_schedule == "cosine":
-        return warmup * 0.5 * (1 + math.cos(math.pi * step / config.steps))
-    return warmup
+    return warmup * schedule_factor(config.lr_schedule, step, config.steps)
 
 
 def flow_matching_loss(

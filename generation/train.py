@@ -33,7 +33,7 @@ from accelerate.utils import gather_object, set_seed
 from peft import LoraConfig, get_peft_model
 
 from vlm_rewards.config import changed_settings
-from vlm_rewards.generation.config import GRPOConfig, ModelSettings, Train
+from vlm_rewards.generation.config import GRPOConfig, LRSchedule, ModelSettings, Train
 from vlm_rewards.generation.ema import ParameterEMA
 from vlm_rewards.generation.export import export_final
 from vlm_rewards.generation.grpo import (
@@ -160,9 +160,12 @@ def run_grpo(
 
 def epoch_lr(train: Train, epoch: int) -> float:
     """An epoch's learning rate: a function of the epoch alone, so a resumed run continues the schedule."""
-    if train.lr_schedule == "cosine":
-        return train.lr * 0.5 * (1 + math.cos(math.pi * epoch / train.epochs))
-    return train.lr
+    return train.lr * schedule_factor(train.lr_schedule, epoch, train.epochs)
+
+
+def schedule_factor(schedule: LRSchedule, done: int, total: int) -> float:
+    """The learning rate over its peak after `done` of `total` steps (or epochs): 1, or a cosine from 1 to 0."""
+    return 0.5 * (1 + math.cos(math.pi * done / total)) if schedule == "cosine" else 1.0
 
 
 def grpo_epoch(

@@ -13,13 +13,16 @@ setup: .venv/.setup-done
 demo: setup
 	MUJOCO_GL=egl HF_HUB_OFFLINE=1 $(VLMR) pipeline
 
-# A short version of the generation experiment (docs/generation.md, "The demo"): GRPO from the shipped base
-# generator (data/models/shapes-base) on the held-out `grpo` colour-shape pairs with the verifier as reward, then
-# every checkpoint evaluated on the `grpo`, `unseen` (never trained on) and `train` splits: runs/grpo_demo/report.md
-# with the table, curves.png and the image grids. The full-length run is configs/grpo/shapes_six_pairs.yaml.
+# A short version of the generation experiment (docs/generation.md, "The demo"): reward-weighted regression (RWR,
+# the algorithm whose rise on never-trained pairs replicated over seeds) from the shipped base generator
+# (data/models/shapes-base) on the held-out `grpo` colour-shape pairs with the verifier as reward, then every
+# checkpoint evaluated on the `grpo`, `unseen` (never trained on) and `train` splits: runs/grpo_demo/report.md with
+# the table, curves.png and the image grids. `make grpo-demo DEMO_ALGORITHM=grpo` (or nft) runs Flow-GRPO
+# (DiffusionNFT) instead: configs/<algorithm>/shapes_demo.yaml.
+DEMO_ALGORITHM := rwr
 grpo-demo: setup
-	$(VLMR) grpo configs/grpo/shapes_demo.yaml
-	$(PYTHON) -m vlm_rewards.generation.demo runs/grpo_demo/grpo --output runs/grpo_demo
+	$(VLMR) $(DEMO_ALGORITHM) configs/$(DEMO_ALGORITHM)/shapes_demo.yaml
+	$(PYTHON) -m vlm_rewards.generation.demo runs/grpo_demo/$(DEMO_ALGORITHM) --output runs/grpo_demo
 
 test: setup
 	.venv/bin/ruff check .

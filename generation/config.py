@@ -438,7 +438,7 @@ class PretrainConfig(JobConfig):
 
 
 TUNING_NOISE_SEED = 7
-"""The evaluation noise seed `make grpo-demo`'s settings were chosen on (docs/generation.md): never a reported one."""
+"""The evaluation noise seed the GRPO demo's settings were chosen on (docs/generation.md): never a reported one."""
 BASE_GROUP = "base"
 """The base model's group in the benchmark's results (evaluated on each of `base_seeds`): no arm may take it."""
 

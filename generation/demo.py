@@ -1,4 +1,4 @@
-"""The report of `make grpo-demo`: a GRPO (or NFT) run on the shipped base, evaluated on every prompt split.
+"""The report of `make grpo-demo`: an RWR, GRPO or NFT run on the shipped base, evaluated on every prompt split.
 
 For the base (epoch 0: the run's model without its LoRA) and each checkpoint the run kept, ODE samples of the
 `six_pairs` holdout's three splits (`vlm_rewards.generation.shapes_t2i`) from fixed-seed noise, and the share the
@@ -6,7 +6,7 @@ gold verifier passes: `grpo` (the pairs the run trains on), `unseen` (pairs no o
 and `train` (the base's own prompts: does it regress?). The evaluation noise seed (`--seed`) is not the run's seed,
 nor the seed the demo's settings were tuned with.
 
-    python -m vlm_rewards.generation.demo runs/grpo_demo/grpo --output runs/grpo_demo
+    python -m vlm_rewards.generation.demo runs/grpo_demo/rwr --output runs/grpo_demo
 
 writes output/report.md (a table per evaluation and split with 95 % bootstrap intervals over prompts, each split's
 change from the base with its paired interval, the curves and the image grids), results.json, curves.png and
@@ -25,7 +25,7 @@ import typer
 from vlm_rewards.data.synthetic import GOALS
 from vlm_rewards.evaluation.metrics import bootstrap_ci
 from vlm_rewards.generation.config import GRPOConfig
-from vlm_rewards.generation.export import run_config
+from vlm_rewards.generation.export import run_algorithm, run_config
 from vlm_rewards.generation.prompts import load_prompts
 from vlm_rewards.generation.shapes_eval import load_policy, logged_points, save_accuracy_figure
 from vlm_rewards.generation.shapes_t2i import Verdict, check_pair_splits, prompts, sample_and_verify
@@ -37,6 +37,7 @@ SPLITS = ("grpo", "unseen", "train")
 HOLDOUT = "six_pairs"
 GRID_IMAGES = 2  # images per prompt in a grid, whose rows are colour-shape pairs (prompts: five regions each)
 FULL_BENCHMARK = "configs/experiments/generation/six_pairs.yaml"
+ALGORITHM_NAMES = {"grpo": "Flow-GRPO", "rwr": "Reward-weighted regression (RWR)", "nft": "DiffusionNFT"}
 BOOTSTRAP_RESAMPLES = 2000
 
 
@@ -137,10 +138,11 @@ def write_report(rows: list[dict], run_dir: Path, output: Path, seed: int, image
         for split in SPLITS
     )
     sampled = train.batches_per_epoch * train.sample_batch_size
-    report = f"""# GRPO demo: the shipped base, trained on the `grpo` pairs, evaluated on every split
+    algorithm = run_algorithm(run_dir)
+    report = f"""# {ALGORITHM_NAMES[algorithm]} from the shipped base on the `grpo` pairs, evaluated on every split
 
-Run: `{run_dir}` ({train.epochs} epochs of {sampled} images, groups of {train.group_size}, lr {train.lr},
-β {train.kl_beta}, EMA {train.ema_decay}). Base: `{config.model.trained_tiny}`. Evaluation:
+Run: `{run_dir}` (`vlmr {algorithm}`: {train.epochs} epochs of {sampled} images, groups of {train.group_size},
+lr {train.lr}, KL β {train.kl_beta}, EMA {train.ema_decay}). Base: `{config.model.trained_tiny}`. Evaluation:
 {config.sampling.eval_num_steps}-step ODE samples from noise seed {seed} (the run trains with seed {config.seed}),
 {images["grpo"]} images per prompt on `grpo` and `unseen` (15 prompts each), {images["train"]} on `train`
 (60 prompts); epoch 0 is the base. Cells: gold accuracy [95 % bootstrap interval over prompts].
@@ -163,14 +165,12 @@ regions (top left, top right, bottom left, bottom right, center) side by side, {
 
 ## What this budget can and cannot show
 
-It can show the direction on one training seed and one evaluation noise seed: whether GRPO with its trained
-reward raises gold accuracy on the pairs it samples, whether that carries over to pairs it never samples, and
-whether the base's own prompts hold. It cannot give an effect size: one run, {len(rows)} evaluations of
-{15 * images["grpo"]} images per held-out split, so a change whose paired interval holds 0 is noise;
-`make grpo-demo`'s settings were tuned on another evaluation noise seed and the previous shipped base, but on the
-same training seed and splits. The full benchmark, `vlmr generation-benchmark {FULL_BENCHMARK}`, trains the same
-prompts on five training seeds, beside DiffusionNFT and RWR at the same number of sampled images, and reports every
-split over seeds.
+It can show the direction on one training seed and one evaluation noise seed: whether `vlmr {algorithm}` with
+its trained reward raises gold accuracy on the pairs it samples, whether that carries over to pairs it never
+samples, and whether the base's own prompts hold. It cannot give an effect size: one run, {len(rows)} evaluations
+of {15 * images["grpo"]} images per held-out split, so a change whose paired interval holds 0 is noise. The
+evidence over seeds is the full benchmark, `vlmr generation-benchmark {FULL_BENCHMARK}`: GRPO, DiffusionNFT and RWR
+on the same prompts at the same number of sampled images, every split over training seeds.
 """
     with atomic_path(output / "report.md") as temporary:
         temporary.write_text(report)
@@ -181,7 +181,7 @@ app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False)
 
 @app.command()
 def report(
-    run_dir: Annotated[Path, typer.Argument(help="a vlmr grpo or vlmr nft run on the six_pairs base")],
+    run_dir: Annotated[Path, typer.Argument(help="a vlmr rwr, grpo or nft run on the six_pairs base")],
     output: Annotated[Path, typer.Option(help="the report's folder")] = Path("runs/grpo_demo"),
     seed: Annotated[int, typer.Option(help="the evaluation noise seed")] = 1000,
     images: Annotated[int, typer.Option(help="images per prompt on the grpo and unseen splits")] = 24,

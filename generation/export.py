@@ -30,7 +30,7 @@ from accelerate import Accelerator
 from diffusers import FluxPipeline, StableDiffusion3Pipeline
 from peft import PeftModel, get_peft_model_state_dict
 
-from vlm_rewards.generation.config import GRPOConfig
+from vlm_rewards.generation.config import GRPOConfig, NFTConfig, RWRConfig
 from vlm_rewards.generation.ema import ParameterEMA
 from vlm_rewards.generation.models import Family, ImageGenerator, load_tiny_generator, save_tiny_generator
 from vlm_rewards.io import atomic_folder, write_json
@@ -133,14 +133,28 @@ def export_checkpoint(
     return export_generator(generator, formats, output or run_dir / "export", info)
 
 
-def run_config(run_dir: Path) -> GRPOConfig:
-    """The model, LoRA and sampling settings of a `vlmr grpo`, `rwr` or `nft` run, from its latest checkpoint."""
+def saved_run_settings(run_dir: Path) -> dict:
+    """Every setting of a `vlmr grpo`, `rwr` or `nft` run, as its latest checkpoint saved them."""
     from vlm_rewards.generation.train import CHECKPOINT_CONFIG, checkpoints  # train imports this module
 
     found = checkpoints(run_dir)
     if not found:
         raise ValueError(f"{run_dir}: no complete checkpoint in {run_dir / 'checkpoints'}; expected a vlmr grpo run")
-    saved = json.loads((found[-1][1] / CHECKPOINT_CONFIG).read_text())
+    return json.loads((found[-1][1] / CHECKPOINT_CONFIG).read_text())
+
+
+def run_algorithm(run_dir: Path) -> str:
+    """ "grpo", "rwr" or "nft": the command that trained a run, told by the settings of its own that it saved."""
+    saved = saved_run_settings(run_dir)
+    for algorithm, config_class in (("rwr", RWRConfig), ("nft", NFTConfig)):
+        if set(config_class.model_fields) - set(GRPOConfig.model_fields) <= saved.keys():
+            return algorithm
+    return "grpo"
+
+
+def run_config(run_dir: Path) -> GRPOConfig:
+    """The model, LoRA and sampling settings of a `vlmr grpo`, `rwr` or `nft` run, from its latest checkpoint."""
+    saved = saved_run_settings(run_dir)
     # a `vlmr rwr` or `vlmr nft` run's own settings (temperature, nft) do not change its model
     return GRPOConfig.model_validate({name: saved[name] for name in GRPOConfig.model_fields if name in saved})
 

@@ -140,7 +140,7 @@ def run_grpo(
         record(accelerator, config, history, evaluate(accelerator, generator, rewards, config, 0), 0)
         keep_best(accelerator, denoiser, ema, config, history, 0)
     epochs = range(start_epoch, config.train.epochs)
-    for epoch in track(epochs, "grpo epochs") if track else epochs:
+    for epoch in track(epochs, "epochs") if track else epochs:
         lr = epoch_lr(config.train, epoch)
         for group in optimizer.param_groups:
             group["lr"] = lr

@@ -30,7 +30,7 @@ from typer.testing import CliRunner
 
 from vlm_rewards.cli import app
 from vlm_rewards.generation.config import GRPOConfig, ModelSettings
-from vlm_rewards.generation.export import export_checkpoint, export_generator, save_lora, save_merged
+from vlm_rewards.generation.export import export_checkpoint, export_generator, run_algorithm, save_lora, save_merged
 from vlm_rewards.generation.models import ImageGenerator, build_tiny_generator, load_tiny_generator
 from vlm_rewards.generation.sampling import sample_deterministic
 from vlm_rewards.generation.train import add_lora, lora_parameters, run_grpo
@@ -220,6 +220,7 @@ def test_a_run_exports_its_final_weights_and_the_cli_exports_its_checkpoint_alik
     config = tiny_run_config(tmp_path)
     run_grpo(config)
     run = config.output_dir
+    assert run_algorithm(run) == "grpo"
     exported = load_file(run / "export" / "lora" / "adapter_model.safetensors")
     trained = load_file(run / "checkpoints" / "epoch_000001" / "model.safetensors")
     name = "base_model.model.transformer_blocks.0.attn.to_q.lora_B"

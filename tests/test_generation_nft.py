@@ -13,6 +13,7 @@ from tests.test_config_structure import undocumented_fields
 from vlm_rewards.cli import app
 from vlm_rewards.config import load_job_config
 from vlm_rewards.generation.config import NFT, NFTConfig
+from vlm_rewards.generation.export import run_algorithm
 from vlm_rewards.generation.nft import adaptive_x0_error, nft_loss, old_policy_decay, optimality_probability, run_nft
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -95,6 +96,7 @@ def test_an_nft_epoch_trains_the_lora_logs_and_resumes_exactly(tmp_path):
     lora_b = [value for name, value in load_file(checkpoint / "model.safetensors").items() if "lora_B" in name]
     assert lora_b and any(value.abs().sum() > 0 for value in lora_b)  # peft initialises lora_B to zero
     assert (checkpoint / "custom_checkpoint_0.pkl").is_file()  # the sampling policy
+    assert run_algorithm(tmp_path / "straight") == "nft"
 
 
 @pytest.mark.parametrize(

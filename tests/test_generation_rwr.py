@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from vlm_rewards.generation.config import RWRConfig
+from vlm_rewards.generation.export import run_algorithm
 from vlm_rewards.generation.models import build_tiny_generator
 from vlm_rewards.generation.pretrain import flow_matching_loss
 from vlm_rewards.generation.rwr import run_rwr
@@ -36,6 +37,7 @@ def test_rwr_raises_the_reward_it_weights_by_and_resumes(tmp_path):
     assert redness[4] > redness[0] + 0.08, redness  # seed 0: -0.046 -> 0.061
     # ODE samples, each image of a group from its own noise (same_noise_in_group is ignored): groups differ
     assert all(ratio == 0.0 for _, ratio in history["zero_std_ratio"])
+    assert run_algorithm(tmp_path) == "rwr"  # what the demo's report names
 
     resumed = run_rwr(rwr_config(tmp_path, epochs=5))
     assert [epoch for epoch, _ in resumed["train/weighted_loss"]] == [1, 2, 3, 4, 5]  # 1-4 restored, not rerun

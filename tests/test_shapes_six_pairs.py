@@ -14,7 +14,8 @@ from vlm_rewards.data.synthetic import COLORS, SHAPES
 from vlm_rewards.evaluation.metrics import bootstrap_ci
 from vlm_rewards.fingerprint import sha256_file
 from vlm_rewards.generation import demo, pretrain
-from vlm_rewards.generation.config import GRPOConfig, PretrainConfig, PromptFile
+from vlm_rewards.generation.benchmark import ALGORITHMS
+from vlm_rewards.generation.config import BenchmarkConfig, GRPOConfig, PretrainConfig, PromptFile
 from vlm_rewards.generation.export import export_base
 from vlm_rewards.generation.models import build_tiny_generator, load_tiny_generator, save_tiny_generator
 from vlm_rewards.generation.prompts import load_prompts
@@ -27,6 +28,7 @@ BASE = ROOT / "data" / "models" / "shapes-base"
 CONFIGS_DIR = ROOT / "configs" / "grpo"
 VERIFIER = {"kind": "function", "function": "vlm_rewards.generation.shapes_t2i:verifier_score", "value_range": [0, 1]}
 SPLITS = ("train", "grpo", "unseen")
+DEMO_TRAINING = {"seed", "model", "sampling", "rewards", "train", "temperature"}  # what a demo run learns from
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -76,11 +78,25 @@ def test_shipped_configs_read_the_base_and_its_prompt_files():
         assert [r.text for r in load_prompts(PromptFile(path=BASE / "prompts" / f"{name}.txt"))] == prompts(
             name, "six_pairs"
         )
-    for config_name in ("shapes_six_pairs", "shapes_demo"):
-        config = load_job_config(GRPOConfig, CONFIGS_DIR / f"{config_name}.yaml")
-        assert Path(config.model.trained_tiny) == Path("data/models/shapes-base")
-        assert Path(config.train.prompts.path) == Path("data/models/shapes-base/prompts/grpo.txt")
-        assert Path(config.train.eval_prompts.path) == Path("data/models/shapes-base/prompts/unseen.txt")
+    config = load_job_config(GRPOConfig, CONFIGS_DIR / "shapes_six_pairs.yaml")
+    assert Path(config.model.trained_tiny) == Path("data/models/shapes-base")
+    assert Path(config.train.prompts.path) == Path("data/models/shapes-base/prompts/grpo.txt")
+    assert Path(config.train.eval_prompts.path) == Path("data/models/shapes-base/prompts/unseen.txt")
+
+
+@pytest.mark.parametrize("algorithm", ["rwr", "grpo", "nft"])
+def test_each_demo_config_trains_its_benchmark_arm_where_make_grpo_demo_reads_it(algorithm, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    config_class = ALGORITHMS[algorithm][0]
+    demo_config = load_job_config(config_class, f"configs/{algorithm}/shapes_demo.yaml")
+    assert demo_config.output_dir == Path("runs/grpo_demo") / algorithm  # the Makefile's runs/grpo_demo/<algorithm>
+    assert (demo_config.eval_every, demo_config.checkpoint_every, demo_config.resume) == (0, 2, False)
+    assert demo_config.keep_checkpoints * demo_config.checkpoint_every >= demo_config.train.epochs  # keeps them all
+    if algorithm == "rwr":  # the benchmark's RWR arm, whose unseen rise the replicate re-ran
+        arm = load_job_config(config_class, BenchmarkConfig().arms["rwr"].config)
+        assert demo_config.model_dump(include=DEMO_TRAINING) == arm.model_dump(include=DEMO_TRAINING)
+    assert Path(demo_config.model.trained_tiny) == Path("data/models/shapes-base")
+    assert Path(demo_config.train.prompts.path) == Path("data/models/shapes-base/prompts/grpo.txt")
 
 
 def test_the_shipped_base_loads_by_path_and_draws_the_prompted_shapes():

@@ -4,7 +4,7 @@ For the base (epoch 0: the run's model without its LoRA) and each checkpoint the
 `six_pairs` holdout's three splits (`vlm_rewards.generation.shapes_t2i`) from fixed-seed noise, and the share the
 gold verifier passes: `grpo` (the pairs the run trains on), `unseen` (pairs no one trains on: does it generalise?)
 and `train` (the base's own prompts: does it regress?). The evaluation noise seed (`--seed`) is not the run's seed,
-nor the seed the demo's settings were tuned with.
+nor the seed the GRPO demo's settings were tuned with.
 
     python -m vlm_rewards.generation.demo runs/grpo_demo/rwr --output runs/grpo_demo
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from vlm_rewards.config import changed_settings, load_job_config
 from vlm_rewards.evaluation.metrics import bootstrap_ci
-from vlm_rewards.generation.config import BASE_GROUP, BenchmarkConfig, GRPOConfig, NFTConfig, RWRConfig
+from vlm_rewards.generation.config import ALGORITHM_CONFIGS, BASE_GROUP, BenchmarkConfig, GRPOConfig
 from vlm_rewards.generation.demo import BOOTSTRAP_RESAMPLES, SPLITS, check_run_prompts, evaluate_checkpoints
 from vlm_rewards.generation.nft import run_nft
 from vlm_rewards.generation.prompts import resolve_prompts
@@ -36,12 +36,8 @@ from vlm_rewards.tracking import Track, untracked
 
 logger = logging.getLogger(__name__)
 
-# algorithm -> (its run config, its trainer: what `vlmr grpo`, `vlmr nft` and `vlmr rwr` call)
-ALGORITHMS: dict[str, tuple[type[GRPOConfig], Callable]] = {
-    "grpo": (GRPOConfig, run_grpo),
-    "nft": (NFTConfig, run_nft),
-    "rwr": (RWRConfig, run_rwr),
-}
+# algorithm -> its trainer, what `vlmr grpo`, `vlmr nft` and `vlmr rwr` call (its run config: ALGORITHM_CONFIGS)
+ALGORITHMS: dict[str, Callable] = {"grpo": run_grpo, "nft": run_nft, "rwr": run_rwr}
 FINISHED = "benchmark_run.json"  # in a run's folder: its settings, written after its last epoch
 METRICS = ("accuracy", "fill")
 BOOTSTRAP_SEED = 0
@@ -86,7 +82,7 @@ def run_benchmark(config: BenchmarkConfig, track: Track | None = None) -> dict:
 
 def load_runs(config: BenchmarkConfig) -> list[Run]:
     """Every (arm, seed) run's config; refuses arms that differ in sampled images or base model."""
-    arms = {name: load_job_config(ALGORITHMS[arm.algorithm][0], arm.config) for name, arm in config.arms.items()}
+    arms = {name: load_job_config(ALGORITHM_CONFIGS[arm.algorithm], arm.config) for name, arm in config.arms.items()}
     for arm_config in arms.values():
         check_run_prompts(arm_config)
     check_equal_images(config, arms)
@@ -158,7 +154,7 @@ def train(run: Run, track: Track) -> bool:
             logger.info("%s: finished, kept", run.name)
             return False
     logger.info("%s: training", run.name)
-    ALGORITHMS[run.algorithm][1](run.config, track)
+    ALGORITHMS[run.algorithm](run.config, track)
     write_json(marker, settings)
     return True
 

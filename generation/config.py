@@ -400,6 +400,10 @@ class NFTConfig(GRPOConfig):
         return self.nft.timesteps_per_sample or max(1, self.sampling.num_steps - 1)
 
 
+ALGORITHM_CONFIGS: dict[str, type[GRPOConfig]] = {"grpo": GRPOConfig, "nft": NFTConfig, "rwr": RWRConfig}
+"""Each generation trainer (`vlmr grpo`, `vlmr nft`, `vlmr rwr`) and its run config."""
+
+
 class PretrainConfig(JobConfig):
     """`vlmr pretrain-generator`: a tiny text-to-image flow model trained from scratch on ShapesWorld."""
 

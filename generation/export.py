@@ -30,7 +30,7 @@ from accelerate import Accelerator
 from diffusers import FluxPipeline, StableDiffusion3Pipeline
 from peft import PeftModel, get_peft_model_state_dict
 
-from vlm_rewards.generation.config import GRPOConfig, NFTConfig, RWRConfig
+from vlm_rewards.generation.config import ALGORITHM_CONFIGS, GRPOConfig
 from vlm_rewards.generation.ema import ParameterEMA
 from vlm_rewards.generation.models import Family, ImageGenerator, load_tiny_generator, save_tiny_generator
 from vlm_rewards.io import atomic_folder, write_json
@@ -146,8 +146,9 @@ def saved_run_settings(run_dir: Path) -> dict:
 def run_algorithm(run_dir: Path) -> str:
     """ "grpo", "rwr" or "nft": the command that trained a run, told by the settings of its own that it saved."""
     saved = saved_run_settings(run_dir)
-    for algorithm, config_class in (("rwr", RWRConfig), ("nft", NFTConfig)):
-        if set(config_class.model_fields) - set(GRPOConfig.model_fields) <= saved.keys():
+    for algorithm, config_class in ALGORITHM_CONFIGS.items():
+        own_settings = set(config_class.model_fields) - set(GRPOConfig.model_fields)
+        if own_settings and own_settings <= saved.keys():
             return algorithm
     return "grpo"
 

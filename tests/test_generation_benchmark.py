@@ -12,7 +12,7 @@ from tests.test_config_structure import undocumented_fields
 from vlm_rewards.cli import app
 from vlm_rewards.config import load_job_config
 from vlm_rewards.generation import benchmark
-from vlm_rewards.generation.config import BenchmarkConfig, GRPOConfig, RWRConfig
+from vlm_rewards.generation.config import BenchmarkConfig, GRPOConfig
 from vlm_rewards.generation.models import build_tiny_generator, save_tiny_generator
 from vlm_rewards.generation.shapes_t2i import prompts
 
@@ -75,7 +75,7 @@ def test_benchmark_reports_every_run_and_a_rerun_continues_without_redoing_anyth
         raise KeyboardInterrupt
 
     with monkeypatch.context() as patch:  # the first call is killed when it reaches the RWR runs
-        patch.setitem(benchmark.ALGORITHMS, "rwr", (RWRConfig, interrupted))
+        patch.setitem(benchmark.ALGORITHMS, "rwr", interrupted)
         with pytest.raises(KeyboardInterrupt):
             benchmark.run_benchmark(config)
     first = completed(out)

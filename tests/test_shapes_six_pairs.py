@@ -14,8 +14,7 @@ from vlm_rewards.data.synthetic import COLORS, SHAPES
 from vlm_rewards.evaluation.metrics import bootstrap_ci
 from vlm_rewards.fingerprint import sha256_file
 from vlm_rewards.generation import demo, pretrain
-from vlm_rewards.generation.benchmark import ALGORITHMS
-from vlm_rewards.generation.config import BenchmarkConfig, GRPOConfig, PretrainConfig, PromptFile
+from vlm_rewards.generation.config import ALGORITHM_CONFIGS, BenchmarkConfig, GRPOConfig, PretrainConfig, PromptFile
 from vlm_rewards.generation.export import export_base
 from vlm_rewards.generation.models import build_tiny_generator, load_tiny_generator, save_tiny_generator
 from vlm_rewards.generation.prompts import load_prompts
@@ -87,7 +86,7 @@ def test_shipped_configs_read_the_base_and_its_prompt_files():
 @pytest.mark.parametrize("algorithm", ["rwr", "grpo", "nft"])
 def test_each_demo_config_trains_its_benchmark_arm_where_make_grpo_demo_reads_it(algorithm, monkeypatch):
     monkeypatch.chdir(ROOT)
-    config_class = ALGORITHMS[algorithm][0]
+    config_class = ALGORITHM_CONFIGS[algorithm]
     demo_config = load_job_config(config_class, f"configs/{algorithm}/shapes_demo.yaml")
     assert demo_config.output_dir == Path("runs/grpo_demo") / algorithm  # the Makefile's runs/grpo_demo/<algorithm>
     assert (demo_config.eval_every, demo_config.checkpoint_every, demo_config.resume) == (0, 2, False)
